@@ -1,0 +1,23 @@
+# `make test` is the one command that runs the test suite on a fresh machine: it creates the
+# virtual environment and installs paravt with its dev extra when they are missing or stale,
+# then runs ruff and pytest (everything except `gpu` tests). Re-running it installs nothing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.paravt-installed
+
+.PHONY: test lint install demo
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q

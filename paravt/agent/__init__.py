@@ -1,0 +1,1 @@
+"""The agent: prompts, tool-call parsing, tools and the rollout loop."""

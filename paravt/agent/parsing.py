@@ -1,0 +1,265 @@
+"""Parse the tool calls of one assistant turn into `ParsedCall` values.
+
+Accepted forms, one call per block:
+    <tool_call>{"name": "crop_video", "arguments": {"start_time": 30, "end_time": 50}}</tool_call>
+    <tool_code>crop_video(video_path="v.mp4", start_time="0:30", end_time=50)</tool_code>
+(the second is the form the pretrained prior drifts to). A final block may be left unclosed.
+Argument aliases (`start`, `start_sec`, `end`, ...) are normalised to `start_time` / `end_time`
+and time values ("30", "30s", "0:30", "00:00:30.5") to float seconds. Each block yields either a
+call or a short error text meant for the model; one bad block never spoils its siblings.
+
+This module deliberately does not run tools, know about videos, or check a window against a
+video's duration (see `paravt.agent.tools.validate_window`). It never calls `eval`: Python-style
+calls are read with `ast.parse` and `ast.literal_eval` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from paravt.types import ParsedCall, ToolCall
+
+KNOWN_TOOLS: tuple[str, ...] = ("crop_video",)
+CALL_EXAMPLE = (
+    '<tool_call>{"name": "crop_video", "arguments": '
+    '{"video_path": "<video>", "start_time": 30.0, "end_time": 50.0}}</tool_call>'
+)
+
+_OPEN_RE = re.compile(r"<tool_call>|<tool_code>")
+_CLOSE_RE = re.compile(r"</tool_call>|</tool_code>")
+_FENCE_RE = re.compile(r"^\s*```[A-Za-z]*\s*|\s*```\s*$")
+_UNIT_RE = re.compile(r"\s*(?:s|secs?|seconds?)$", re.IGNORECASE)
+_CLOCK_RE = re.compile(r"^(?:(\d{1,6}):)?(\d{1,6}):(\d{1,6}(?:\.\d{0,9})?)$")
+# A turn holds at most ~2K tokens; a block far longer than that is not a call worth parsing.
+_MAX_BLOCK_CHARS = 20_000
+
+ARGUMENT_ALIASES: dict[str, str] = {
+    **dict.fromkeys(
+        ("start", "start_time", "start_sec", "start_secs", "start_seconds", "start_s", "begin"),
+        "start_time",
+    ),
+    **dict.fromkeys(
+        ("end", "end_time", "end_sec", "end_secs", "end_seconds", "end_s", "stop"), "end_time"
+    ),
+    **dict.fromkeys(("video_path", "video", "path"), "video_path"),
+}
+TIME_ARGUMENTS: frozenset[str] = frozenset({"start_time", "end_time"})
+# Positional order of Python-style calls, per tool.
+POSITIONAL_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "crop_video": ("video_path", "start_time", "end_time"),
+}
+
+
+@dataclass(frozen=True)
+class _Block:
+    start: int  # offset of the opening tag
+    end: int  # offset just past the closing tag, or where an unclosed block stops
+    body: str
+
+
+def _find_blocks(text: str) -> list[_Block]:
+    """Blocks in order; an unclosed block runs to the next opening tag or to the end of text."""
+    blocks: list[_Block] = []
+    pos = 0
+    while (opening := _OPEN_RE.search(text, pos)) is not None:
+        body_start = opening.end()
+        closing = _CLOSE_RE.search(text, body_start)
+        following = _OPEN_RE.search(text, body_start)
+        if following is not None and (closing is None or following.start() < closing.start()):
+            blocks.append(
+                _Block(opening.start(), following.start(), text[body_start : following.start()])
+            )
+            pos = following.start()
+        elif closing is None:
+            blocks.append(_Block(opening.start(), len(text), text[body_start:]))
+            break
+        else:
+            blocks.append(
+                _Block(opening.start(), closing.end(), text[body_start : closing.start()])
+            )
+            pos = closing.end()
+    return blocks
+
+
+def has_tool_call_syntax(text: str) -> bool:
+    """True when the text opens at least one `<tool_call>` or `<tool_code>` block."""
+    return _OPEN_RE.search(text) is not None
+
+
+def strip_tool_blocks(text: str) -> str:
+    """The text with every tool block (tags included) and stray closing tags removed."""
+    # Repeated until stable: removing a stray tag can join its neighbours into a new tag.
+    while has_tool_call_syntax(text) or _CLOSE_RE.search(text):
+        kept, pos = [], 0
+        for block in _find_blocks(text):
+            kept.append(text[pos : block.start])
+            pos = block.end
+        kept.append(text[pos:])
+        text = _CLOSE_RE.sub("", "".join(kept))
+    return text
+
+
+def cap_error(index: int, max_calls: int) -> str:
+    """Error text for the call at 0-based `index` beyond a per-turn cap of `max_calls`."""
+    return f"call {index + 1} ignored: at most {max_calls} calls per turn"
+
+
+def parse_tool_calls(
+    text: str, max_calls: int | None = None, known_tools: Collection[str] = KNOWN_TOOLS
+) -> tuple[ParsedCall, ...]:
+    """Every tool block of one assistant turn, in order, each with a call or an error text."""
+    parsed = []
+    for index, block in enumerate(_find_blocks(text)):
+        raw = text[block.start : block.end]
+        if max_calls is not None and index >= max_calls:
+            parsed.append(ParsedCall(index=index, raw=raw, error=cap_error(index, max_calls)))
+            continue
+        outcome = _parse_body(block.body, index + 1, known_tools)
+        if isinstance(outcome, str):
+            parsed.append(ParsedCall(index=index, raw=raw, error=outcome))
+        else:
+            parsed.append(ParsedCall(index=index, raw=raw, call=outcome))
+    return tuple(parsed)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse_body(body: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
+    if len(body) > _MAX_BLOCK_CHARS:
+        return f"tool call {number} is too long ({len(body)} chars); write {CALL_EXAMPLE}"
+    code = _FENCE_RE.sub("", body).strip()
+    if not code:
+        return f"tool call {number} is empty; write {CALL_EXAMPLE}"
+    if code.startswith(("{", "[")):
+        return _parse_json_call(code, number, known_tools)
+    return _parse_python_call(code, number, known_tools)
+
+
+def _parse_json_call(code: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
+    try:
+        # raw_decode ignores text after the object: an unclosed final block runs on into prose.
+        obj, _ = json.JSONDecoder().raw_decode(code)
+    except (ValueError, RecursionError) as exc:
+        return f"invalid JSON in tool call {number}: {_short(str(exc), 60)}; write {CALL_EXAMPLE}"
+    if not isinstance(obj, dict):
+        return f"tool call {number}: expected one JSON object per block; write {CALL_EXAMPLE}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return f'tool call {number} has no "name"; write {CALL_EXAMPLE}'
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError):
+            return f'invalid JSON in the "arguments" string of tool call {number}'
+    if not isinstance(arguments, dict):
+        return f'tool call {number}: "arguments" must be an object such as {{"start_time": 30}}'
+    return _build_call(name, arguments.items(), number, known_tools)
+
+
+def _parse_python_call(code: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
+    try:
+        node = ast.parse(code, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return f"tool call {number} is neither JSON nor a call; write {CALL_EXAMPLE}"
+    if _is_print_wrapper(node):
+        node = node.args[0]
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return f"tool call {number}: expected crop_video(start_time=..., end_time=...)"
+    name = node.func.id
+    if name not in known_tools:
+        return _unknown_tool(name, number, known_tools)
+    order = POSITIONAL_ARGUMENTS.get(name, ())
+    if len(node.args) > len(order):
+        return f"tool call {number}: {name} takes at most {len(order)} positional arguments"
+    nodes = list(zip(order, node.args, strict=False))  # fewer positionals is fine
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            return f"tool call {number}: **kwargs are not supported; name each argument"
+        nodes.append((keyword.arg, keyword.value))
+    pairs = []
+    for key, value_node in nodes:
+        try:
+            pairs.append((key, ast.literal_eval(value_node)))
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            return f"tool call {number}: argument {key!r} must be a literal number or string"
+    return _build_call(name, pairs, number, known_tools)
+
+
+def _is_print_wrapper(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+        and len(node.args) == 1
+        and not node.keywords
+    )
+
+
+def _unknown_tool(name: str, number: int, known_tools: Collection[str]) -> str:
+    known = ", ".join(sorted(known_tools)) or "none"
+    return f"unknown tool {_short(name)!r} in tool call {number}; known tools: {known}"
+
+
+def _build_call(
+    name: str, pairs: Iterable[tuple[str, Any]], number: int, known_tools: Collection[str]
+) -> ToolCall | str:
+    if name not in known_tools:
+        return _unknown_tool(name, number, known_tools)
+    arguments: dict[str, Any] = {}
+    for key, value in pairs:
+        canonical = ARGUMENT_ALIASES.get(key.strip().lower(), key)
+        if canonical in arguments:
+            return f"tool call {number}: argument {canonical!r} given twice"
+        if canonical in TIME_ARGUMENTS:
+            seconds = parse_time(value)
+            if isinstance(seconds, str):
+                return f"tool call {number}: {canonical} {seconds}"
+            value = seconds
+        arguments[canonical] = value
+    return ToolCall(name=name, arguments=arguments)
+
+
+def parse_time(value: Any) -> float | str:
+    """Seconds as a float, or an error text: numbers, "30", "30.5s", "MM:SS", "HH:MM:SS(.s)"."""
+    hint = f"{_short(repr(value))} is not a time; use seconds (30.5), 'MM:SS' or 'HH:MM:SS'"
+    if isinstance(value, bool):
+        return hint
+    if isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            return hint
+    elif isinstance(value, str):
+        parsed = _parse_time_text(value)
+        if parsed is None:
+            return hint
+        seconds = parsed
+    else:
+        return hint
+    return seconds if math.isfinite(seconds) else hint
+
+
+def _parse_time_text(text: str) -> float | None:
+    text = _UNIT_RE.sub("", text.strip())
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _CLOCK_RE.match(text)
+    if match is None:
+        return None
+    hours, minutes, seconds = int(match.group(1) or 0), int(match.group(2)), float(match.group(3))
+    # Clock notation is only unambiguous with in-range fields ("1:75" is a typo, not 135 s).
+    if seconds >= 60 or (match.group(1) is not None and minutes >= 60):
+        return None
+    return hours * 3600.0 + minutes * 60.0 + seconds

@@ -1,0 +1,419 @@
+"""The `crop_video` tool and the executor that runs every tool call of a round concurrently.
+
+`crop_video` validates the requested window against the video's duration, samples frame indices
+inside it (`paravt.video.sampling.window_indices`) and reads those frames from a `FrameSource`.
+It always crops the sample's own video: the model's `video_path` argument is never opened.
+Failures come back as short error texts in `ToolResult.error`, never as exceptions.
+
+`ParallelToolExecutor` runs the calls of one round (of one or many trajectories) on a shared
+thread pool. Crops of the same video are planned first and their frame indices decoded with one
+`FrameSource.read`, so K crops (or G rollouts cropping the same prompt video) decode it once.
+
+This module deliberately does not decode video (a `FrameSource` does; `paravt.video.reader` is
+the decord one), render tool responses into tokens (the agent loop and prompts do), or write
+sub-agent summaries (`paravt.agent.subagent`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from paravt.agent.parsing import cap_error, parse_time
+from paravt.types import Frames, ParsedCall, ToolCall, ToolResult
+from paravt.video.sampling import VideoInfo, window_indices
+
+# How often the executor looks for overdue calls while it waits for results.
+_POLL_S = 0.05
+
+
+class FrameSource(Protocol):
+    """What a tool needs from a video decoder (`paravt.video.reader.VideoReader` is one)."""
+
+    def info(self, path: str) -> VideoInfo: ...
+
+    def read(
+        self,
+        path: str,
+        indices: Sequence[int],
+        max_pixels: int,
+        factor: int = 32,
+        min_pixels: int = 0,
+    ) -> Frames: ...
+
+
+@dataclass(frozen=True)
+class CropConfig:
+    """Crop sampling (PARAVT.md section 2) and executor limits; pixel sizes are per frame."""
+
+    sample_fps: float = 1.0
+    min_frames: int = 2
+    max_frames: int = 16
+    max_pixels: int = 50176
+    min_pixels: int = 784
+    factor: int = 32
+    max_calls_per_turn: int = 5
+    timeout_s: float = 30.0
+    max_workers: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.sample_fps > 0:
+            raise ValueError(f"CropConfig.sample_fps must be > 0 (got {self.sample_fps})")
+        if not 1 <= self.min_frames <= self.max_frames:
+            raise ValueError(
+                "CropConfig needs 1 <= min_frames <= max_frames "
+                f"(got {self.min_frames}, {self.max_frames})"
+            )
+        if self.max_calls_per_turn < 1 or self.max_workers < 1:
+            raise ValueError(
+                "CropConfig.max_calls_per_turn and max_workers must be >= 1 "
+                f"(got {self.max_calls_per_turn}, {self.max_workers})"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"CropConfig.timeout_s must be > 0 seconds (got {self.timeout_s})")
+
+
+@dataclass(frozen=True)
+class CropPlan:
+    """What one crop will show: the clamped window (seconds) and its source frame indices."""
+
+    window: tuple[float, float]
+    indices: tuple[int, ...]
+
+
+class Tool(Protocol):
+    """A tool the agent can call; it reads only the sample's own `video`."""
+
+    name: str
+
+    @property
+    def schema(self) -> dict[str, Any]: ...
+
+    def __call__(
+        self, call: ToolCall, video: str, source: FrameSource, cfg: CropConfig, *, index: int = 0
+    ) -> ToolResult: ...
+
+
+@runtime_checkable
+class PlannedTool(Tool, Protocol):
+    """A tool whose frames can be planned without decoding, so that reads can be shared."""
+
+    def plan(self, call: ToolCall, info: VideoInfo, cfg: CropConfig) -> CropPlan | str: ...
+
+
+def validate_window(start: float, end: float, duration: float) -> tuple[float, float] | str:
+    """The window clamped to the video, or a short error text for the model.
+
+    A negative start is clamped to 0 (the model meant "from the beginning"); an end beyond the
+    duration is clamped to it. Errors: an empty window (end <= start, after clamping the start)
+    and a start at or beyond the duration (nothing left to show).
+    """
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return f"start_time and end_time must be finite seconds (got {start}, {end})"
+    clamped_start = max(start, 0.0)
+    if end <= clamped_start:
+        return (
+            f"invalid window [{start:g}, {end:g}]: end_time must be greater than start_time "
+            "(and than 0)"
+        )
+    if clamped_start >= duration:
+        return (
+            f"start_time {start:g} s is beyond the video's duration of {duration:g} s; "
+            f"choose a window inside 0-{duration:g} s"
+        )
+    return clamped_start, min(end, duration)
+
+
+class CropVideoTool:
+    """`crop_video(video_path, start_time, end_time)`: frames of one window of the video."""
+
+    name = "crop_video"
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema for the system prompt (a fresh dict: callers may edit it)."""
+        seconds = {"type": "number", "minimum": 0}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": (
+                    "Crop the video to the window [start_time, end_time] (seconds) and return "
+                    "frames sampled inside it. Several calls in one turn run in parallel."
+                ),
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "video_path": {"type": "string", "description": "The video to crop."},
+                        "start_time": {**seconds, "description": "Window start in seconds."},
+                        "end_time": {**seconds, "description": "Window end in seconds."},
+                    },
+                    "required": ["video_path", "start_time", "end_time"],
+                },
+            },
+        }
+
+    def plan(self, call: ToolCall, info: VideoInfo, cfg: CropConfig) -> CropPlan | str:
+        """Validate the call's window and choose its frame indices; an error text on bad input."""
+        if "start_time" not in call.arguments or "end_time" not in call.arguments:
+            return (
+                "crop_video needs start_time and end_time in seconds, "
+                'e.g. {"start_time": 30.0, "end_time": 50.0}'
+            )
+        start = parse_time(call.arguments["start_time"])
+        end = parse_time(call.arguments["end_time"])
+        for key, value in (("start_time", start), ("end_time", end)):
+            if isinstance(value, str):
+                return f"crop_video {key}: {value}"
+        window = validate_window(float(start), float(end), info.duration)
+        if isinstance(window, str):
+            return window
+        indices = window_indices(
+            info.num_frames, info.fps, *window, cfg.sample_fps, cfg.min_frames, cfg.max_frames
+        )
+        return CropPlan(window=window, indices=tuple(indices))
+
+    def __call__(
+        self, call: ToolCall, video: str, source: FrameSource, cfg: CropConfig, *, index: int = 0
+    ) -> ToolResult:
+        """Crop `video` (the sample's own; `call.arguments["video_path"]` is ignored)."""
+        try:
+            plan = self.plan(call, source.info(video), cfg)
+            if isinstance(plan, str):
+                return ToolResult(index=index, name=self.name, error=plan)
+            frames = source.read(video, plan.indices, cfg.max_pixels, cfg.factor, cfg.min_pixels)
+        except Exception as err:  # a tool answers with text, whatever the source raised
+            return ToolResult(index=index, name=self.name, error=failure_text(self.name, err))
+        return ToolResult(index=index, name=self.name, frames=frames, window=plan.window)
+
+
+def failure_text(name: str, err: BaseException) -> str:
+    """A one-line error text for a failed tool call (a `VideoError` already names the file)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{name} failed: {lines[0][:200] if lines else type(err).__name__}"
+
+
+def slice_frames(frames: Frames, indices: Sequence[int]) -> Frames | None:
+    """The frames at source `indices` (repeats allowed) out of a larger read; None if missing."""
+    row = {index: r for r, index in enumerate(frames.indices)}
+    if any(i not in row for i in indices):
+        return None
+    rows = [row[i] for i in indices]
+    return Frames(
+        pixels=frames.pixels[rows],  # [K, H, W, 3]
+        indices=tuple(indices),
+        timestamps=tuple(frames.timestamps[r] for r in rows),
+        fps=frames.fps,
+        duration=frames.duration,
+    )
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a result goes: trajectory `turn`, position `position`, with the call's index."""
+
+    turn: int
+    position: int
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One unit of pool work: a function returning one result per slot, in slot order."""
+
+    run: Callable[[], list[ToolResult]]
+    slots: tuple[_Slot, ...]
+
+
+class ParallelToolExecutor:
+    """Runs the tool calls of a round concurrently, sharing decoded frames between crops.
+
+    Every job (all crops of one video in the round, or one call of a tool without `plan`) runs
+    on a shared thread pool. `cfg.timeout_s` applies to each job from the moment a worker starts
+    it, so the grouped read of a video is what is timed: all crops of a video that timed out get
+    "crop_video timed out after X s". A job still queued when no job has started or finished for
+    `timeout_s` (every worker stuck) times out too. Python cannot stop a thread: a stuck read
+    keeps its worker, so after a timeout the pool is replaced and the stuck thread is abandoned.
+    """
+
+    def __init__(
+        self, tools: Mapping[str, Tool], source: FrameSource, cfg: CropConfig | None = None
+    ) -> None:
+        self._tools = dict(tools)
+        self._source = source
+        self._cfg = cfg if cfg is not None else CropConfig()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def run_turn(self, calls: Sequence[ParsedCall], video: str) -> tuple[ToolResult, ...]:
+        """One result per call of one turn, in call order; `video` is the sample's own video."""
+        return self.run_many([(calls, video)])[0]
+
+    def run_many(
+        self, turns: Sequence[tuple[Sequence[ParsedCall], str]]
+    ) -> list[tuple[ToolResult, ...]]:
+        """Results of every (calls, video) turn of a round, all calls run concurrently."""
+        results: list[list[ToolResult | None]] = [[None] * len(calls) for calls, _ in turns]
+        groups: dict[tuple[str, str], list[tuple[_Slot, ToolCall]]] = {}
+        jobs: list[_Job] = []
+        for turn, (calls, video) in enumerate(turns):
+            for position, parsed in enumerate(calls):
+                slot = _Slot(turn, position, parsed.index, parsed.call.name if parsed.call else "")
+                early = self._early_result(slot, parsed)
+                if early is not None:
+                    results[turn][position] = early
+                    continue
+                tool = self._tools[slot.name]
+                if isinstance(tool, PlannedTool):
+                    groups.setdefault((slot.name, video), []).append((slot, parsed.call))
+                else:
+                    jobs.append(_Job(self._single_job(tool, parsed.call, video, slot), (slot,)))
+        for (name, video), members in groups.items():
+            run = self._group_job(self._tools[name], video, members)
+            jobs.append(_Job(run, tuple(slot for slot, _ in members)))
+        for job, outcome in zip(jobs, self._gather([job.run for job in jobs]), strict=True):
+            for k, slot in enumerate(job.slots):
+                results[slot.turn][slot.position] = (
+                    outcome[k] if outcome is not None else self._timeout_result(slot)
+                )
+        return [tuple(r for r in turn if r is not None) for turn in results]
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> ParallelToolExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _early_result(self, slot: _Slot, parsed: ParsedCall) -> ToolResult | None:
+        """The result of a call that never reaches a tool (over the cap, unparsed, unknown)."""
+        cap = self._cfg.max_calls_per_turn
+        if slot.position >= cap:
+            return ToolResult(slot.index, slot.name, error=cap_error(slot.position, cap))
+        if parsed.call is None or parsed.error is not None:
+            error = parsed.error or f"tool call {slot.index + 1} could not be parsed"
+            return ToolResult(slot.index, slot.name, error=error)
+        if slot.name not in self._tools:
+            known = ", ".join(sorted(self._tools)) or "none"
+            error = f"unknown tool {slot.name!r}; known tools: {known}"
+            return ToolResult(slot.index, slot.name, error=error)
+        return None
+
+    def _timeout_result(self, slot: _Slot) -> ToolResult:
+        error = f"{slot.name} timed out after {self._cfg.timeout_s:g} s"
+        return ToolResult(slot.index, slot.name, error=error)
+
+    def _single_job(
+        self, tool: Tool, call: ToolCall, video: str, slot: _Slot
+    ) -> Callable[[], list[ToolResult]]:
+        def run() -> list[ToolResult]:
+            try:
+                return [tool(call, video, self._source, self._cfg, index=slot.index)]
+            except Exception as err:  # a third-party tool broke its contract; keep the round
+                return [ToolResult(slot.index, slot.name, error=failure_text(slot.name, err))]
+
+        return run
+
+    def _group_job(
+        self, tool: PlannedTool, video: str, members: Sequence[tuple[_Slot, ToolCall]]
+    ) -> Callable[[], list[ToolResult]]:
+        return lambda: _run_group(tool, video, members, self._source, self._cfg)
+
+    def _gather(self, jobs: Sequence[Callable[[], list[ToolResult]]]) -> list[Any]:
+        """Each job's results, or None for a job that ran (or waited) past the timeout."""
+        timeout = self._cfg.timeout_s
+        started: list[float | None] = [None] * len(jobs)
+
+        def launch(i: int) -> list[ToolResult]:
+            started[i] = time.monotonic()
+            return jobs[i]()
+
+        pool = self._get_pool()
+        pending: dict[int, Future[list[ToolResult]]] = {
+            i: pool.submit(launch, i) for i in range(len(jobs))
+        }
+        outcomes: list[Any] = [None] * len(jobs)
+        progress, seen_started, timed_out = time.monotonic(), 0, False
+        while pending:
+            wait(pending.values(), timeout=min(_POLL_S, timeout), return_when=FIRST_COMPLETED)
+            now = time.monotonic()
+            if (count := sum(s is not None for s in started)) != seen_started:
+                progress, seen_started = now, count
+            for i, future in list(pending.items()):
+                if future.done():
+                    outcomes[i], progress = future.result(), now
+                    del pending[i]
+                elif _overdue(started[i], progress, now, timeout):
+                    future.cancel()
+                    del pending[i]
+                    timed_out = True
+        if timed_out:
+            self.close()  # the stuck workers are abandoned; the next round gets a fresh pool
+        return outcomes
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._cfg.max_workers, "paravt-tool")
+            return self._pool
+
+
+def _overdue(started: float | None, progress: float, now: float, timeout: float) -> bool:
+    if started is not None:
+        return now - started > timeout
+    return now - progress > timeout
+
+
+def _run_group(
+    tool: PlannedTool,
+    video: str,
+    members: Sequence[tuple[_Slot, ToolCall]],
+    source: FrameSource,
+    cfg: CropConfig,
+) -> list[ToolResult]:
+    """All crops of one video: plan each, read the union of their frames once, slice per crop."""
+
+    def error(slot: _Slot, text: str) -> ToolResult:
+        return ToolResult(slot.index, slot.name, error=text)
+
+    try:
+        info = source.info(video)
+    except Exception as err:
+        return [error(slot, failure_text(slot.name, err)) for slot, _ in members]
+    plans: list[CropPlan | str] = []
+    for slot, call in members:
+        try:
+            plans.append(tool.plan(call, info, cfg))
+        except Exception as err:
+            plans.append(failure_text(slot.name, err))
+    wanted = sorted({i for plan in plans if isinstance(plan, CropPlan) for i in plan.indices})
+    frames: Frames | str | None = None
+    if wanted:
+        try:
+            frames = source.read(video, wanted, cfg.max_pixels, cfg.factor, cfg.min_pixels)
+        except Exception as err:
+            frames = failure_text(tool.name, err)
+    results = []
+    for (slot, _), plan in zip(members, plans, strict=True):
+        if isinstance(plan, str):
+            results.append(error(slot, plan))
+        elif isinstance(frames, str):
+            results.append(error(slot, frames))
+        else:
+            crop = slice_frames(frames, plan.indices) if frames is not None else None
+            if crop is None:
+                results.append(error(slot, f"{slot.name} failed: frames missing from {video}"))
+            else:
+                results.append(ToolResult(slot.index, slot.name, frames=crop, window=plan.window))
+    return results

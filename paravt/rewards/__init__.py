@@ -1,0 +1,1 @@
+"""PARA-GRPO rewards: accuracy, format, tool use, their composition, and the structural anchor."""

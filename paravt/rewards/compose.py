@@ -1,0 +1,167 @@
+"""The scalar PARA-GRPO reward of one trajectory, with every term kept for logging.
+
+    R = R_acc + fmt * R_fmt + tool * R_tool + sum_i w_i * user_i
+
+(PARAVT.md section 3; R_fmt already holds its anchor bonus, see `format.py`). A degenerate
+completion (`is_degenerate`) scores exactly 0 and calls no user reward. Every weight is a field of
+the frozen `RewardWeights`, plain numbers only, so Hydra can build it straight from YAML.
+
+User rewards: a `RewardFn` takes a frozen `RewardInput` and returns a finite float; pass them as
+`extra={"name": (fn, weight)}`. Their values are logged under `extra/<name>`. The glue resolves
+`fn` from a dotted path in the config; this module deliberately imports nothing by name, knows
+nothing of Hydra, tokens or trajectories, and never returns NaN: a user reward that returns a
+non-finite value or raises is reported by name instead of being silently zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+
+from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
+from paravt.rewards.format import FormatTerms, format_reward, is_degenerate
+from paravt.rewards.tool import tool_reward
+from paravt.types import RewardBreakdown
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Every coefficient of the reward; defaults are the reference recipe."""
+
+    fmt: float = 1.0  # w_fmt on R_fmt
+    tool: float = 1.0  # w_tool on R_tool
+    anchor: float = 0.5  # lambda_anchor on the string-level anchor bonus inside R_fmt
+    think: float = 1.0  # weights of the four base format credits (their weighted mean)
+    answer: float = 1.0
+    order: float = 1.0
+    balance: float = 1.0
+    closed_think_bonus: float = 0.4
+    flow_bonus: float = 0.3
+    unclosed_think_penalty: float = 0.3
+    min_think_chars: int = 10
+    call_reward: float = 0.1
+    response_reward: float = 0.3
+    correct_bonus: float = 0.5
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"RewardWeights.{f.name} must be a finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """What a user reward function sees of one trajectory (`text`: all its own turns)."""
+
+    text: str
+    gold: str
+    question_type: str
+    options: tuple[str, ...] = ()
+    num_valid_calls: int = 0
+    num_tool_responses: int = 0
+    sample_id: str = ""
+
+
+RewardFn = Callable[[RewardInput], float]
+"""A user reward: RewardInput -> finite float, added with its weight from `extra`."""
+
+
+def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
+    return format_reward(
+        text,
+        think_weight=w.think,
+        answer_weight=w.answer,
+        order_weight=w.order,
+        balance_weight=w.balance,
+        anchor_weight=w.anchor,
+        closed_think_bonus=w.closed_think_bonus,
+        flow_bonus=w.flow_bonus,
+        unclosed_think_penalty=w.unclosed_think_penalty,
+        min_think_chars=w.min_think_chars,
+    )
+
+
+def _user_rewards(
+    extra: Mapping[str, tuple[RewardFn, float]], reward_input: RewardInput
+) -> dict[str, tuple[float, float]]:
+    """name -> (value, weight) of every user reward, each checked to be finite."""
+    values: dict[str, tuple[float, float]] = {}
+    for name, (fn, weight) in extra.items():
+        try:
+            value = float(fn(reward_input))
+        except Exception as err:
+            raise RuntimeError(
+                f"user reward {name!r} ({fn!r}) failed on sample {reward_input.sample_id!r}: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        if not (math.isfinite(value) and math.isfinite(weight)):
+            raise ValueError(
+                f"user reward {name!r} gave {value!r} with weight {weight!r} on sample "
+                f"{reward_input.sample_id!r}; both must be finite numbers"
+            )
+        values[name] = (value, float(weight))
+    return values
+
+
+def _components(
+    accuracy: float, fmt: FormatTerms, tool: float, user: Mapping[str, tuple[float, float]]
+) -> dict[str, float]:
+    return {
+        "accuracy": accuracy,
+        **fmt.as_dict("format/"),
+        "tool": tool,
+        **{f"extra/{name}": value for name, (value, _) in user.items()},
+    }
+
+
+def compute_reward(
+    text: str,
+    gold: str,
+    question_type: str,
+    *,
+    options: Sequence[str] = (),
+    num_valid_calls: int = 0,
+    num_tool_responses: int = 0,
+    weights: RewardWeights = RewardWeights(),  # frozen, so one shared default is safe
+    judge: Judge | None = None,
+    open_ended: str = "f1",
+    extra: Mapping[str, tuple[RewardFn, float]] | None = None,
+    sample_id: str = "",
+) -> RewardBreakdown:
+    """The reward of one trajectory from its own text (every turn, forced prefixes included)."""
+    extra = extra or {}
+    if is_degenerate(text):
+        zero_fmt = FormatTerms(**{f.name: 0.0 for f in fields(FormatTerms)})
+        user = {name: (0.0, float(w)) for name, (_, w) in extra.items()}
+        parts = _components(0.0, zero_fmt, 0.0, user)
+        return RewardBreakdown(
+            total=0.0, degenerate=True, components={**parts, "degenerate": 1.0, "total": 0.0}
+        )
+    accuracy = accuracy_reward(
+        extract_answer(text), gold, question_type, options, open_ended=open_ended, judge=judge
+    )
+    fmt = _format_terms(text, weights)
+    tool = tool_reward(
+        num_valid_calls,
+        num_tool_responses,
+        accuracy,
+        call_reward=weights.call_reward,
+        response_reward=weights.response_reward,
+        correct_bonus=weights.correct_bonus,
+    )
+    reward_input = RewardInput(
+        text, gold, question_type, tuple(options), num_valid_calls, num_tool_responses, sample_id
+    )
+    user = _user_rewards(extra, reward_input)
+    total = accuracy + weights.fmt * fmt.total + weights.tool * tool
+    total += sum(value * w for value, w in user.values())
+    parts = _components(accuracy, fmt, tool, user)
+    return RewardBreakdown(
+        total=total,
+        accuracy=accuracy,
+        format=fmt.total,
+        tool=tool,
+        components={**parts, "degenerate": 0.0, "total": total},
+    )

@@ -1,0 +1,207 @@
+"""The string-level format reward R_fmt with its anchor bonus, and the degenerate-text guard.
+
+PARAVT.md section 3. `format_reward` reads the WHOLE trajectory's own text (every turn, the
+forced `<think>\\n` prefix included) and returns every term in a frozen `FormatTerms`:
+
+    base   = weighted mean of four 0/1-valued credits (weights default 1 each), in [0, 1]:
+             think   - some think block holds >= min_think_chars non-blank characters
+                       (an unclosed block counts up to the next tag);
+             answer  - the last closed `<answer>...</answer>` is non-empty;
+             order   - a closed think ends before the first action: the first `<tool_call>`, or
+                       the first `<answer>` when no tool is called (no action: 0);
+             balance - share of the tag pairs present (think, tool_call, answer) whose tags pair
+                       up in order, none nested in itself or left open; no tags at all: 0.
+    anchor = + closed_think_bonus      (0.4) if some think is closed and substantive
+             + flow_bonus              (0.3) if a closed think precedes a credited answer
+             - unclosed_think_penalty  (0.3) if some `<think>` is opened and never closed
+    total  = base + anchor_weight * anchor   (anchor_weight = lambda_anchor, 0.5 in the recipe)
+
+So total lies in [-anchor_weight * 0.3, 1 + anchor_weight * 0.7] with the defaults.
+
+This module deliberately does not touch tokens or log-probabilities: the token-level anchor of
+section 4(i) lives in `structural.py`. It does not parse tool-call JSON either: a `<tool_call>`
+block is judged by its tags only (validity is the agent parser's job and feeds R_tool).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+_TAG_RE = re.compile(r"<(/?)(think|tool_call|answer)>")
+PAIRED_TAGS: tuple[str, ...] = ("think", "tool_call", "answer")
+
+
+@dataclass(frozen=True)
+class FormatTerms:
+    """Every term of R_fmt (credits and indicators are 0.0 or 1.0, except balance)."""
+
+    think: float
+    answer: float
+    order: float
+    balance: float
+    base: float
+    closed_think: float
+    flow: float
+    unclosed_think: float
+    anchor: float
+    total: float
+
+    def as_dict(self, prefix: str = "format/") -> dict[str, float]:
+        return {f"{prefix}{name}": value for name, value in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class _Tag:
+    name: str
+    closing: bool
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One opened block: its content span and whether its closing tag followed."""
+
+    open_start: int
+    content_start: int
+    content_end: int
+    close_end: int | None
+
+    @property
+    def closed(self) -> bool:
+        return self.close_end is not None
+
+
+def _scan(text: str) -> list[_Tag]:
+    return [_Tag(m.group(2), m.group(1) == "/", m.start(), m.end()) for m in _TAG_RE.finditer(text)]
+
+
+def _blocks(tags: list[_Tag], name: str, text_len: int) -> tuple[list[_Block], bool]:
+    """The blocks of one tag pair, and whether that pair is balanced."""
+    blocks: list[_Block] = []
+    opened: _Tag | None = None
+    balanced = True
+
+    def unclosed(tag: _Tag) -> _Block:
+        # An unclosed block's content runs to the next tag of any kind (or the end of the text).
+        nxt = next((t.start for t in tags if t.start >= tag.end), text_len)
+        return _Block(tag.start, tag.end, nxt, None)
+
+    for tag in (t for t in tags if t.name == name):
+        if not tag.closing:
+            if opened is not None:
+                blocks.append(unclosed(opened))
+                balanced = False
+            opened = tag
+        elif opened is None:
+            balanced = False
+        else:
+            blocks.append(_Block(opened.start, opened.end, tag.start, tag.end))
+            opened = None
+    if opened is not None:
+        blocks.append(unclosed(opened))
+        balanced = False
+    return blocks, balanced
+
+
+def _check_weights(**weights: float) -> None:
+    for name, value in weights.items():
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"format_reward {name} must be a finite number >= 0, got {value}")
+
+
+def _indicators(text: str, min_think_chars: int) -> dict[str, float]:
+    """The four base credits and the three anchor indicators of one text."""
+    tags = _scan(text)
+    parsed = {name: _blocks(tags, name, len(text)) for name in PAIRED_TAGS}
+    thinks, calls, answers = (parsed[name][0] for name in PAIRED_TAGS)
+
+    def substantive(block: _Block) -> bool:
+        return len(text[block.content_start : block.content_end].strip()) >= min_think_chars
+
+    closed_ends = [b.close_end for b in thinks if b.close_end is not None]
+    closed_answers = [b for b in answers if b.closed]
+    final = closed_answers[-1] if closed_answers else None
+    answer = final is not None and bool(text[final.content_start : final.content_end].strip())
+    first_action = (calls or answers)[0].open_start if (calls or answers) else None
+    present = [name for name in PAIRED_TAGS if any(t.name == name for t in tags)]
+    return {
+        "think": float(any(substantive(b) for b in thinks)),
+        "answer": float(answer),
+        "order": float(first_action is not None and any(e <= first_action for e in closed_ends)),
+        "balance": sum(parsed[n][1] for n in present) / len(present) if present else 0.0,
+        "closed_think": float(any(b.closed and substantive(b) for b in thinks)),
+        "flow": float(answer and any(e <= final.open_start for e in closed_ends)),
+        "unclosed_think": float(any(not b.closed for b in thinks)),
+    }
+
+
+def format_reward(
+    text: str,
+    *,
+    think_weight: float = 1.0,
+    answer_weight: float = 1.0,
+    order_weight: float = 1.0,
+    balance_weight: float = 1.0,
+    anchor_weight: float = 0.5,
+    closed_think_bonus: float = 0.4,
+    flow_bonus: float = 0.3,
+    unclosed_think_penalty: float = 0.3,
+    min_think_chars: int = 10,
+) -> FormatTerms:
+    """R_fmt of a whole trajectory's text, every term included (see the module docstring)."""
+    weights = {
+        "think": think_weight,
+        "answer": answer_weight,
+        "order": order_weight,
+        "balance": balance_weight,
+    }
+    _check_weights(
+        **{f"{name}_weight": w for name, w in weights.items()},
+        anchor_weight=anchor_weight,
+        closed_think_bonus=closed_think_bonus,
+        flow_bonus=flow_bonus,
+        unclosed_think_penalty=unclosed_think_penalty,
+    )
+    ind = _indicators(text, min_think_chars)
+    weight_sum = sum(weights.values())
+    base = sum(w * ind[name] for name, w in weights.items()) / weight_sum if weight_sum else 0.0
+    anchor = (
+        closed_think_bonus * ind["closed_think"]
+        + flow_bonus * ind["flow"]
+        - unclosed_think_penalty * ind["unclosed_think"]
+    )
+    return FormatTerms(**ind, base=base, anchor=anchor, total=base + anchor_weight * anchor)
+
+
+# ------------------------------------------------------------------ degenerate completions
+
+_CHAT_TOKEN_RE = re.compile(r"<\|[^|<>\s]{1,40}\|>")
+_STRUCT_TAG_RE = re.compile(r"</?(?:think|answer|tool_call|tool_code|tool_response)>")
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+# End-of-turn tokens end every healthy turn when the text is decoded with special tokens kept.
+_END_TOKENS = frozenset({"<|im_end|>", "<|endoftext|>", "<|eot_id|>"})
+
+
+def is_degenerate(text: str, *, short_chars: int = 32) -> bool:
+    """True for a completion that must score 0 whatever else it holds.
+
+    Degenerate: nothing but whitespace, chat-special tokens (`<|im_start|>`, `<|video_pad|>`...),
+    role words on their own lines ("user\\nuser\\n...") and bare structural tags (the forced
+    `<think>\\n` prefix alone); or a short completion (< short_chars characters of content) that
+    echoes a chat token (end-of-turn tokens such as `<|im_end|>` excepted) or a role line; or
+    one whose non-empty lines are mostly role lines (at least 3 of them).
+    """
+    markers = sum(tok not in _END_TOKENS for tok in _CHAT_TOKEN_RE.findall(text))
+    lines = [line.strip() for line in _CHAT_TOKEN_RE.sub("\n", text).splitlines()]
+    lines = [line for line in lines if line]
+    role_lines = sum(line.lower() in _ROLES for line in lines)
+    content_lines = [line for line in lines if line.lower() not in _ROLES]
+    content = "".join(_STRUCT_TAG_RE.sub("", "".join(content_lines)).split())
+    if not content:
+        return True
+    if markers + role_lines > 0 and len(content) < short_chars:
+        return True
+    return role_lines >= 3 and 2 * role_lines >= len(lines)

@@ -1,0 +1,1 @@
+"""The PARA-GRPO objective's tensor core: advantages, losses, KL, log-probs, budgets, metrics."""

@@ -1,0 +1,149 @@
+"""Group advantages for GRPO-style training, reward shaping and batch normalisation.
+
+Layout: rewards of one step come as a `[B, G]` view, row b holding the G rollouts of prompt b.
+Trajectories are ordered group-contiguously (trajectory n = b * G + g); `group_view` turns a flat
+`[N]` reward vector into that view. Advantages are per rollout; `broadcast_to_tokens` spreads them
+over the trained tokens.
+
+Order of the reference recipe (PARAVT section 5): `shape_rewards` -> group advantage (`grpo`) ->
+`broadcast_to_tokens` -> `batch_normalize` over the trained tokens.
+
+This module deliberately does not compute rewards, KL terms or losses (see kl.py, losses.py), and
+knows nothing of trajectories or frameworks: tensors in, tensors out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+AdvantageFn = Callable[[Tensor], Tensor]
+
+
+def _check_groups(rewards: Tensor) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(
+            f"rewards must be a [B, G] tensor (one row per prompt), got shape "
+            f"{tuple(rewards.shape)}; use group_view(rewards, group_size) on a flat [N] vector"
+        )
+
+
+def group_view(rewards: Tensor, group_size: int) -> Tensor:  # [N] -> [B, G]
+    """Reshape group-contiguous rewards `[N]` into `[B, G]` (trajectory n = b * G + g)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be a flat [N] tensor with N divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    return rewards.reshape(-1, group_size)
+
+
+def zero_variance_groups(rewards: Tensor) -> Tensor:  # [B, G] -> [B] bool
+    """Groups whose rollouts all scored the same (including G = 1): they carry no GRPO signal."""
+    _check_groups(rewards)
+    return rewards.amax(dim=1) == rewards.amin(dim=1)
+
+
+def informative_group_indices(rewards: Tensor) -> Tensor:  # [B, G] -> [B'] long
+    """Indices of the groups to keep under dynamic sampling (DAPO): those with reward variance."""
+    return torch.nonzero(~zero_variance_groups(rewards), as_tuple=False).flatten()
+
+
+def grpo_advantages(
+    rewards: Tensor,  # [B, G]
+    eps: float = 1e-6,
+    unbiased: bool = False,
+) -> Tensor:  # [B, G]
+    """GRPO (Shao et al. 2024, DeepSeekMath): (R - group mean) / (group std + eps).
+
+    The std is the biased (population) one by default: it is the spread of the G rollouts we
+    actually have, it is defined for G = 1, and it keeps |A| <= sqrt(G - 1). `unbiased=True`
+    (Bessel's correction, as torch.std and some GRPO code bases use) scales every advantage of a
+    group by sqrt((G - 1) / G) relative to the default. Groups with all-equal rewards get exactly
+    0, not centred float noise divided by eps. Computed in float64 so that large finite rewards
+    do not overflow the mean or the variance.
+    """
+    _check_groups(rewards)
+    r = rewards.double()
+    group_size = r.shape[1]
+    centred = r - r.mean(dim=1, keepdim=True)
+    correction = 1 if unbiased and group_size > 1 else 0
+    std = r.std(dim=1, keepdim=True, correction=correction)
+    adv = centred / (std + eps)
+    adv = torch.where(zero_variance_groups(rewards).unsqueeze(1), torch.zeros_like(adv), adv)
+    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def drgrpo_advantages(rewards: Tensor) -> Tensor:  # [B, G] -> [B, G]
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): R - group mean, no std."""
+    _check_groups(rewards)
+    r = rewards.double()
+    adv = r - r.mean(dim=1, keepdim=True)
+    adv = torch.where(zero_variance_groups(rewards).unsqueeze(1), torch.zeros_like(adv), adv)
+    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
+
+
+def get_advantage_fn(name: str) -> AdvantageFn:
+    """Look up an advantage estimator by name."""
+    if name not in ADVANTAGES:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid names: {sorted(ADVANTAGES)}"
+        )
+    return ADVANTAGES[name]
+
+
+def shape_rewards(
+    rewards: Tensor,  # any shape
+    scale: float = 10.0,
+    shift: float = -0.2,
+    clip: float = 20.0,
+) -> Tensor:  # same shape
+    """Reference reward shaping (PARAVT section 5): clip((R + shift) * scale, -clip, +clip)."""
+    if clip < 0:
+        raise ValueError(f"clip must be >= 0 (a symmetric bound), got {clip}")
+    return ((rewards + shift) * scale).clamp(-clip, clip)
+
+
+def batch_normalize(
+    adv: Tensor,  # any shape, e.g. [N, T] token advantages or [N]
+    mask: Tensor | None = None,  # same shape as adv; 1 = counted
+    eps: float = 1e-6,
+) -> Tensor:  # same shape, 0 outside the mask
+    """Batch-level advantage normalisation (AReaL adv_norm): (A - mean) / (std + eps) over `mask`.
+
+    Mean and (biased) std are taken over the masked elements only, so padding and context tokens
+    do not dilute the statistics. One element or zero spread gives 0, an empty mask gives zeros.
+    """
+    if mask is None:
+        mask = torch.ones_like(adv, dtype=torch.bool)
+    if mask.shape != adv.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal adv shape {tuple(adv.shape)}"
+        )
+    keep = mask.bool()
+    a = torch.where(keep, adv.double(), 0.0)
+    count = keep.sum().clamp(min=1)
+    mean = a.sum() / count
+    var = torch.where(keep, (a - mean) ** 2, 0.0).sum() / count
+    out = torch.where(keep, (a - mean) / (var.sqrt() + eps), 0.0)
+    return out.to(adv.dtype)
+
+
+def broadcast_to_tokens(
+    adv: Tensor,  # [N]
+    loss_mask: Tensor,  # [N, T]
+) -> Tensor:  # [N, T]
+    """Give every trained token its rollout's advantage; untrained tokens get 0."""
+    if adv.dim() != 1 or loss_mask.dim() != 2 or adv.shape[0] != loss_mask.shape[0]:
+        raise ValueError(
+            f"expected adv [N] and loss_mask [N, T] with the same N, got "
+            f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}"
+        )
+    return torch.where(loss_mask.bool(), adv.unsqueeze(1), 0.0)

@@ -1,0 +1,100 @@
+"""Per-token KL estimators between the policy and a frozen reference, and reward-side KL.
+
+The estimators follow Schulman's "Approximating KL Divergence" (2020) with samples drawn from the
+policy: with d = logp - ref_logp,
+    k1 = d                              (unbiased, can be negative)
+    k2 = 0.5 * d ** 2                   (biased, low variance, >= 0)
+    k3 = exp(-d) - (-d) - 1             (unbiased, >= 0)
+The reference recipe (PARAVT section 4) folds k1 with coefficient 0.01 into the reward
+(`fold_kl_into_rewards`); the KL-as-a-loss alternative lives in losses.py (`kl_loss`).
+
+This module deliberately does not aggregate over tokens into a loss, and does not compute
+log-probabilities (see logprobs.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+KLEstimator = Callable[[Tensor, Tensor], Tensor]
+
+# exp(20) ~ 4.9e8: far beyond any ratio that matters, far below float32 overflow.
+LOG_RATIO_CLAMP = 20.0
+
+
+def _log_ratio(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    # -inf - -inf (a suppressed token under both policies) is NaN; such a token has no KL.
+    d = torch.nan_to_num(logp - ref_logp, nan=0.0)
+    return d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [N, T] -> [N, T]
+    """k1 = logp - ref_logp (Schulman 2020): the plain log-ratio."""
+    return _log_ratio(logp, ref_logp)
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [N, T] -> [N, T]
+    """k2 = 0.5 * (logp - ref_logp)^2 (Schulman 2020)."""
+    return 0.5 * _log_ratio(logp, ref_logp) ** 2
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [N, T] -> [N, T]
+    """k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman 2020; the GRPO paper's KL term)."""
+    neg = -_log_ratio(logp, ref_logp)
+    return torch.exp(neg) - neg - 1.0
+
+
+KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def get_kl_estimator(name: str) -> KLEstimator:
+    """Look up a KL estimator by name."""
+    if name not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {name!r}; valid names: {sorted(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[name]
+
+
+def kl_penalty(
+    logp: Tensor,  # [N, T]
+    ref_logp: Tensor,  # [N, T]
+    estimator: str = "k1",
+    mask: Tensor | None = None,  # [N, T]; 1 = trained token
+) -> Tensor:  # [N, T], 0 outside the mask
+    """Per-token KL estimate of the policy from the reference, zeroed outside `mask`.
+
+    Masked positions are replaced before the estimator runs, so a -inf log-prob at a padding or
+    prompt position yields neither a NaN value nor a NaN gradient.
+    """
+    if logp.shape != ref_logp.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} must match"
+        )
+    fn = get_kl_estimator(estimator)
+    if mask is None:
+        return fn(logp, ref_logp)
+    keep = mask.bool()
+    kl = fn(torch.where(keep, logp, 0.0), torch.where(keep, ref_logp, 0.0))
+    return torch.where(keep, kl, 0.0)
+
+
+def fold_kl_into_rewards(
+    rewards: Tensor,  # [N]
+    kl: Tensor,  # [N, T] per-token estimate, e.g. kl_penalty(..., "k1")
+    mask: Tensor,  # [N, T]
+    coef: float = 0.01,
+) -> Tensor:  # [N]
+    """Reward-side KL (reference recipe: k1, coef 0.01): R - coef * sum_t KL_t over trained tokens.
+
+    The per-token k1 terms are summed, not averaged: their sum over a response is an unbiased
+    estimate of the sequence-level KL. The result is detached, since a reward carries no gradient.
+    """
+    if kl.shape != mask.shape or rewards.shape != kl.shape[:1]:
+        raise ValueError(
+            f"expected rewards [N], kl [N, T], mask [N, T]; got {tuple(rewards.shape)}, "
+            f"{tuple(kl.shape)}, {tuple(mask.shape)}"
+        )
+    seq_kl = torch.where(mask.bool(), kl.detach(), 0.0).sum(dim=1)
+    return (rewards - coef * seq_kl).detach()

@@ -1,0 +1,1 @@
+"""Video layer: frame sampling (pure), decord-backed reading, synthetic needle videos."""

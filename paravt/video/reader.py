@@ -1,0 +1,204 @@
+"""decord-backed video reading: open a video once, serve many frame requests from many threads.
+
+Glue around decord: file checks that turn missing, empty, truncated and non-video files into a
+`VideoError` naming the file (before decord can misbehave on them), an LRU cache of open readers,
+one lock per open video (decord readers are not thread-safe; the crop tool reads in parallel),
+de-duplicated batch decoding and the resize to `fit_pixels`. Which frames to read is decided
+elsewhere (`paravt.video.sampling`); this module does no sampling and no tool validation.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import decord
+import numpy as np
+from PIL import Image
+
+from paravt.types import Frames
+from paravt.video.sampling import VideoInfo, fit_pixels, timestamps
+
+# Leading bytes of common containers, to tell "a damaged video" from "not a video at all".
+_CONTAINER_MAGIC: tuple[tuple[int, bytes], ...] = (
+    (4, b"ftyp"),  # mp4 / mov / m4v
+    (4, b"moov"),  # old QuickTime
+    (4, b"mdat"),
+    (4, b"free"),
+    (4, b"wide"),
+    (0, b"\x1a\x45\xdf\xa3"),  # Matroska / WebM
+    (0, b"RIFF"),  # AVI
+    (0, b"FLV"),
+    (0, b"\x00\x00\x01\xba"),  # MPEG program stream
+)
+
+
+class VideoError(ValueError):
+    """A video that cannot be used: the message names the file and what is wrong with it."""
+
+
+@dataclass
+class _Open:
+    """One open video: its decord reader, what it reports, and the lock that serialises it."""
+
+    reader: decord.VideoReader
+    info: VideoInfo
+    lock: threading.Lock
+
+
+class VideoReader:
+    """Reads frames of local video files, keeping the `cache_size` most recent ones open."""
+
+    def __init__(self, cache_size: int = 16, num_threads: int = 1) -> None:
+        if cache_size < 1:
+            raise ValueError(f"VideoReader: cache_size must be >= 1 (got {cache_size})")
+        self._cache_size = cache_size
+        self._num_threads = num_threads
+        self._open: OrderedDict[str, _Open] = OrderedDict()
+        self._lock = threading.Lock()  # guards the cache only; decoding holds per-video locks
+
+    def info(self, path: str) -> VideoInfo:
+        return self._get(path).info
+
+    def read(
+        self,
+        path: str,
+        indices: Sequence[int],
+        max_pixels: int,
+        factor: int = 32,
+        min_pixels: int = 0,
+    ) -> Frames:
+        """Decode `indices` (repeats allowed, any order) resized to fit `max_pixels`."""
+        video = self._get(path)
+        info = video.info
+        wanted = [int(i) for i in indices]
+        if not wanted:
+            raise VideoError(f"{path}: no frame indices requested; pass at least one index")
+        bad = [i for i in wanted if not 0 <= i < info.num_frames]
+        if bad:
+            raise VideoError(
+                f"{path}: frame indices {bad[:5]} are outside the video's "
+                f"{info.num_frames} frames (valid: 0..{info.num_frames - 1})"
+            )
+        unique = sorted(set(wanted))
+        try:
+            with video.lock:
+                batch = _to_numpy(video.reader.get_batch(unique))  # [U, H, W, 3]
+        except Exception as err:  # decord raises DECORDError / RuntimeError on damaged data
+            self._forget(path)
+            raise VideoError(
+                f"{path}: decoding frames {unique[:5]} failed; the file is probably truncated "
+                f"or corrupt ({_first_line(err)})"
+            ) from err
+        height, width = fit_pixels(info.height, info.width, max_pixels, factor, min_pixels)
+        resized = _resize(batch, height, width)
+        position = {index: row for row, index in enumerate(unique)}
+        pixels = resized[[position[i] for i in wanted]]  # [K, H, W, 3]
+        return Frames(
+            pixels=np.ascontiguousarray(pixels),
+            indices=tuple(wanted),
+            timestamps=tuple(timestamps(wanted, info.fps)),
+            fps=info.fps,
+            duration=info.duration,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._open.clear()
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _get(self, path: str) -> _Open:
+        key = os.path.abspath(path)
+        with self._lock:
+            if key in self._open:
+                self._open.move_to_end(key)
+                return self._open[key]
+        # Opened outside the cache lock so a slow open does not stall reads of other videos; if
+        # two threads race on the same file, the first one inserted wins and the other is dropped.
+        video = _open_video(path, self._num_threads)
+        with self._lock:
+            video = self._open.setdefault(key, video)
+            self._open.move_to_end(key)
+            while len(self._open) > self._cache_size:
+                self._open.popitem(last=False)
+        return video
+
+    def _forget(self, path: str) -> None:
+        with self._lock:
+            self._open.pop(os.path.abspath(path), None)
+
+
+def _open_video(path: str, num_threads: int) -> _Open:
+    _check_file(path)
+    try:
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=num_threads)
+        num_frames = len(reader)
+        fps = float(reader.get_avg_fps())
+        # Decoding frame 0 proves the stream decodes and gives the size decord does not expose.
+        first = _to_numpy(reader[0]) if num_frames > 0 else None
+    except Exception as err:
+        raise VideoError(_open_failure(path, err)) from err
+    if first is None:
+        raise VideoError(f"{path}: the video stream has no frames; re-encode or replace the file")
+    if not fps > 0 or not np.isfinite(fps):
+        raise VideoError(f"{path}: the video reports an invalid frame rate ({fps}); re-encode it")
+    height, width = int(first.shape[0]), int(first.shape[1])
+    info = VideoInfo(path=path, num_frames=num_frames, fps=fps, width=width, height=height)
+    return _Open(reader=reader, info=info, lock=threading.Lock())
+
+
+def _check_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise VideoError(
+            f"{path}: video file not found; check the path (relative to the data file)"
+        )
+    if not os.path.isfile(path):
+        raise VideoError(f"{path}: is not a regular file; point to a video file")
+    if os.path.getsize(path) == 0:
+        raise VideoError(f"{path}: the video file is empty (0 bytes); regenerate or re-download it")
+
+
+def _open_failure(path: str, err: Exception) -> str:
+    detail = _first_line(err)
+    if "video stream" in detail:
+        return f"{path}: contains no video stream (audio-only or not a video file)"
+    if _looks_like_container(path):
+        return f"{path}: cannot be decoded; the video is truncated or corrupt ({detail})"
+    return f"{path}: is not a video file (no known container header; {detail})"
+
+
+def _looks_like_container(path: str) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    return any(head[at : at + len(magic)] == magic for at, magic in _CONTAINER_MAGIC)
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(err).__name__
+
+
+def _to_numpy(frames: object) -> np.ndarray:
+    """decord returns its own NDArray under the native bridge, a tensor under the torch bridge."""
+    if hasattr(frames, "asnumpy"):
+        return frames.asnumpy()
+    return np.asarray(frames)
+
+
+def _resize(batch: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bicubic resize of uint8 frames [U, h, w, 3] -> [U, height, width, 3]; PIL antialiases."""
+    if batch.shape[1:3] == (height, width):
+        return batch
+    out = np.empty((batch.shape[0], height, width, 3), dtype=np.uint8)
+    for row, frame in enumerate(batch):
+        image = Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC)
+        out[row] = np.asarray(image)
+    return out

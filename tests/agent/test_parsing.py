@@ -1,0 +1,311 @@
+"""Tests of tool-call parsing: the canonical JSON form, the drifted <tool_code> form, times,
+aliases, per-call errors, the cap, and property tests that no input makes the parser raise."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paravt.agent.parsing import (
+    has_tool_call_syntax,
+    parse_time,
+    parse_tool_calls,
+    strip_tool_blocks,
+)
+
+
+def call_block(start: object, end: object, name: str = "crop_video", key: str = "arguments") -> str:
+    arguments = {"video_path": "v.mp4", "start_time": start, "end_time": end}
+    return "<tool_call>" + json.dumps({"name": name, key: arguments}) + "</tool_call>"
+
+
+def only_call(text: str, **kwargs: object):
+    (parsed,) = parse_tool_calls(text, **kwargs)
+    assert parsed.error is None, parsed.error
+    return parsed.call
+
+
+# --- the canonical JSON form ----------------------------------------------------------------
+
+
+def test_one_json_call_is_normalised_to_float_seconds() -> None:
+    text = "<think>look at 30-50</think>" + call_block(30, "50")
+    call = only_call(text)
+    assert call.name == "crop_video"
+    assert call.arguments == {"video_path": "v.mp4", "start_time": 30.0, "end_time": 50.0}
+    assert isinstance(call.arguments["start_time"], float)
+
+
+def test_several_calls_keep_order_index_and_raw_text() -> None:
+    blocks = [call_block(0, 10), call_block(10, 20), call_block(20, 30)]
+    parsed = parse_tool_calls("think\n" + "\n".join(blocks) + "\ntail")
+    assert [p.index for p in parsed] == [0, 1, 2]
+    assert [p.call.arguments["start_time"] for p in parsed] == [0.0, 10.0, 20.0]
+    assert [p.raw for p in parsed] == blocks
+
+
+def test_parameters_key_and_arguments_as_json_string_are_accepted() -> None:
+    assert only_call(call_block(1, 2, key="parameters")).arguments["end_time"] == 2.0
+    inner = json.dumps({"start_time": "0:30", "end_time": 45})
+    text = "<tool_call>" + json.dumps({"name": "crop_video", "arguments": inner}) + "</tool_call>"
+    # "0:30" = 0*60 + 30 = 30 s
+    assert only_call(text).arguments == {"start_time": 30.0, "end_time": 45.0}
+
+
+def test_unclosed_final_block_is_parsed_and_trailing_prose_ignored() -> None:
+    text = (
+        call_block(0, 5) + '<tool_call>{"name": "crop_video", "arguments": {"start": 7, "end": 9}}'
+    )
+    text += "\nI will wait for the frames."
+    parsed = parse_tool_calls(text)
+    assert [p.ok for p in parsed] == [True, True]
+    assert parsed[1].call.arguments == {"start_time": 7.0, "end_time": 9.0}
+
+
+def test_unclosed_block_before_another_block_stops_at_the_next_opening_tag() -> None:
+    first = '<tool_call>{"name": "crop_video", "arguments": {"start": 1, "end": 2}}'
+    parsed = parse_tool_calls(first + call_block(3, 4))
+    assert [p.call.arguments["start_time"] for p in parsed] == [1.0, 3.0]
+    assert parsed[0].raw == first
+
+
+def test_code_fences_inside_a_block_are_ignored() -> None:
+    call = '{"name": "crop_video", "arguments": {"start": 1, "end": 3}}'
+    text = f"<tool_call>\n```json\n{call}\n```\n</tool_call>"
+    assert only_call(text).arguments == {"start_time": 1.0, "end_time": 3.0}
+
+
+# --- the <tool_code> form -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('crop_video(video_path="v.mp4", start_time=30, end_time=50.5)', (30.0, 50.5)),
+        ('crop_video("v.mp4", 30, 50)', (30.0, 50.0)),  # positional: path, start, end
+        ('crop_video("v.mp4", "1:00", end="01:10")', (60.0, 70.0)),  # 1:00 = 60 s, 1:10 = 70 s
+        ("print(crop_video(start=2, end=4))", (2.0, 4.0)),
+        ("```python\ncrop_video(start_sec=-1, end_sec='3s')\n```", (-1.0, 3.0)),
+    ],
+)
+def test_tool_code_calls_are_read_as_literals(body: str, expected: tuple[float, float]) -> None:
+    call = only_call(f"<tool_code>{body}</tool_code>")
+    assert (call.arguments["start_time"], call.arguments["end_time"]) == expected
+
+
+def test_tool_code_never_evaluates_code(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    body = f"crop_video(start_time=__import__('os').system('touch {marker}'), end_time=5)"
+    (parsed,) = parse_tool_calls(f"<tool_code>{body}</tool_code>")
+    assert parsed.call is None
+    assert "'start_time' must be a literal" in parsed.error
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("crop_video(**args)", "**kwargs are not supported"),
+        ('crop_video("v", 1, 2, 3)', "at most 3 positional arguments"),
+        ("1 + 2", "expected crop_video(start_time=..., end_time=...)"),
+        ("tools.crop_video(start=1, end=2)", "expected crop_video("),
+        ("crop_video(start=1, end=2", "neither JSON nor a call"),
+        ('crop_video("v", 1, start_time=2, end=3)', "'start_time' given twice"),
+    ],
+)
+def test_bad_tool_code_gives_a_message(body: str, fragment: str) -> None:
+    (parsed,) = parse_tool_calls(f"<tool_code>{body}</tool_code>")
+    assert parsed.call is None
+    assert fragment in parsed.error
+
+
+# --- times and aliases ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (30, 30.0),
+        (12.5, 12.5),
+        ("30", 30.0),
+        (" 45 ", 45.0),
+        (".5", 0.5),
+        ("30s", 30.0),
+        ("30.5 seconds", 30.5),
+        ("1:30", 90.0),  # 1*60 + 30
+        ("01:02:03.5", 3723.5),  # 1*3600 + 2*60 + 3.5
+        ("0:00:59", 59.0),
+        ("-5", -5.0),  # negative is a time; the window check clamps it
+    ],
+)
+def test_parse_time_accepts(value: object, seconds: float) -> None:
+    assert parse_time(value) == seconds
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1:75", "1:60:00", "1:2:3:4", "abc", "", "nan", "inf", float("inf"), True, None, [1], 10**400],
+)
+def test_parse_time_rejects_with_a_hint(value: object) -> None:
+    error = parse_time(value)
+    assert isinstance(error, str)
+    assert "is not a time; use seconds" in error
+
+
+@pytest.mark.parametrize(
+    ("start_key", "end_key"),
+    [("start", "end"), ("start_sec", "end_sec"), ("begin", "stop"), ("Start_Time", "END_TIME")],
+)
+def test_aliases_are_normalised(start_key: str, end_key: str) -> None:
+    arguments = {"video": "x.mp4", start_key: 3, end_key: 4}
+    text = "<tool_call>" + json.dumps({"name": "crop_video", "arguments": arguments})
+    call = only_call(text)
+    assert call.arguments == {"video_path": "x.mp4", "start_time": 3.0, "end_time": 4.0}
+
+
+def test_two_aliases_of_one_argument_are_an_error() -> None:
+    (parsed,) = parse_tool_calls(call_block(1, 2).replace('"end_time"', '"start"'))
+    assert parsed.error == "tool call 1: argument 'start_time' given twice"
+
+
+def test_bad_time_names_the_argument() -> None:
+    (parsed,) = parse_tool_calls(call_block("soon", 2))
+    assert parsed.error.startswith("tool call 1: start_time 'soon' is not a time")
+
+
+# --- per-call errors, known tools, the cap ----------------------------------------------------
+
+
+def test_a_bad_call_does_not_spoil_its_siblings() -> None:
+    text = call_block(0, 5) + '<tool_call>{"name": "crop_video", "arguments": {</tool_call>'
+    text += call_block(5, 9, name="zoom") + call_block(9, 12)
+    parsed = parse_tool_calls(text)
+    assert [p.ok for p in parsed] == [True, False, False, True]
+    assert parsed[1].error.startswith("invalid JSON in tool call 2: ")
+    assert parsed[2].error == "unknown tool 'zoom' in tool call 3; known tools: crop_video"
+    assert parsed[3].call.arguments["end_time"] == 12.0
+
+
+def test_known_tools_can_be_widened() -> None:
+    call = only_call(call_block(1, 2, name="zoom"), known_tools=("crop_video", "zoom"))
+    assert call.name == "zoom"
+    (parsed,) = parse_tool_calls("<tool_code>zoom(1)</tool_code>", known_tools=("zoom",))
+    # zoom has no positional order registered: 1 positional > 0 allowed
+    assert parsed.error == "tool call 1: zoom takes at most 0 positional arguments"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("", "tool call 1 is empty"),
+        ("[1, 2]", "expected one JSON object per block"),
+        ('{"arguments": {}}', 'tool call 1 has no "name"'),
+        ('{"name": "crop_video", "arguments": [1]}', '"arguments" must be an object'),
+        ('{"name": "crop_video", "arguments": "{oops"}', 'invalid JSON in the "arguments" string'),
+        ("{" * 5000, "invalid JSON in tool call 1"),
+        ("x" * 30_000, "tool call 1 is too long (30000 chars)"),
+    ],
+)
+def test_malformed_json_gives_a_message(body: str, fragment: str) -> None:
+    (parsed,) = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+    assert parsed.call is None
+    assert fragment in parsed.error
+
+
+def test_calls_beyond_the_cap_are_ignored_with_a_message() -> None:
+    text = "".join(call_block(i, i + 1) for i in range(7))
+    parsed = parse_tool_calls(text, max_calls=5)
+    assert [p.ok for p in parsed] == [True] * 5 + [False, False]
+    assert parsed[5].error == "call 6 ignored: at most 5 calls per turn"
+    assert parsed[6].error == "call 7 ignored: at most 5 calls per turn"
+
+
+def test_text_without_blocks_has_no_calls() -> None:
+    assert parse_tool_calls('I would call {"name": "crop_video"} but I will not.') == ()
+    assert parse_tool_calls("</tool_call>") == ()
+
+
+# --- has_tool_call_syntax and strip_tool_blocks ---------------------------------------------
+
+
+def test_has_tool_call_syntax() -> None:
+    assert has_tool_call_syntax("a <tool_call>{")
+    assert has_tool_call_syntax("<tool_code>crop_video()")
+    assert not has_tool_call_syntax("tool_call </tool_call> <toolcall>")
+
+
+def test_strip_tool_blocks_removes_blocks_and_stray_closing_tags() -> None:
+    assert strip_tool_blocks("A" + call_block(1, 2) + "B</tool_call>C") == "ABC"
+    assert strip_tool_blocks("answer: B <tool_code>crop_video(1, 2") == "answer: B "
+    # pass 1 drops both stray closers, joining "<tool_" + "call>" into an opening tag;
+    # pass 2 drops the now-unclosed block "<tool_call>xy" to the end of the text.
+    assert strip_tool_blocks("<tool_</tool_call>call>x</tool_call>y") == ""
+
+
+# --- properties -----------------------------------------------------------------------------
+
+_OPENING = re.compile(r"<tool_call>|<tool_code>")
+FRAGMENTS = [
+    "<tool_call>", "</tool_call>", "<tool_code>", "</tool_code>", "{", "}", "[", "]", '"', "'",
+    ":", ",", "(", ")", "=", " ", "\n", "```", '"name"', '"crop_video"', '"zoom"', '"arguments"',
+    '"parameters"', '"start_time"', '"end"', '"1:30"', "30", "-5", "1e999", "NaN", "0.5", "null",
+    "true", "crop_video", "print", "start=", "end_time=", "video_path=", "**", "x", "\\",
+]  # fmt: skip
+
+
+def assert_well_formed(text: str, max_calls: int | None) -> None:
+    parsed = parse_tool_calls(text, max_calls=max_calls)
+    assert len(parsed) == len(_OPENING.findall(text))  # every opening tag starts one block
+    for i, p in enumerate(parsed):
+        assert p.index == i
+        assert (p.call is None) != (p.error is None)
+        if p.call is not None:
+            assert p.call.name == "crop_video"
+            assert max_calls is None or i < max_calls
+            for key in ("start_time", "end_time"):
+                assert key not in p.call.arguments or isinstance(p.call.arguments[key], float)
+    stripped = strip_tool_blocks(text)
+    assert not has_tool_call_syntax(stripped)
+    assert "</tool_call>" not in stripped
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.one_of(st.none(), st.integers(0, 4)))
+def test_arbitrary_text_never_raises(text: str, max_calls: int | None) -> None:
+    assert_well_formed(text, max_calls)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40),
+    st.one_of(st.none(), st.integers(0, 4)),
+)
+def test_fragment_soup_never_raises(fragments: list[str], max_calls: int | None) -> None:
+    assert_well_formed("".join(fragments), max_calls)
+
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    finite,
+    finite,
+    st.sampled_from(["start", "start_time", "start_sec"]),
+    st.sampled_from(["end", "end_time", "end_sec"]),
+    st.booleans(),
+)
+def test_well_formed_calls_round_trip(
+    start: float, end: float, start_key: str, end_key: str, code_form: bool
+) -> None:
+    if code_form:
+        text = f"<tool_code>crop_video({start_key}={start!r}, {end_key}={end!r})</tool_code>"
+    else:
+        arguments = json.dumps({start_key: start, end_key: end})
+        text = f'<tool_call>{{"name": "crop_video", "arguments": {arguments}}}</tool_call>'
+    assert only_call(text).arguments == {"start_time": start, "end_time": end}
