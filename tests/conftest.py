@@ -17,3 +17,54 @@ def tiny_qwen25_dir(tmp_path_factory):
     return build_tiny_model(
         tmp_path_factory.mktemp("tiny_qwen2_5_vl"), TinyModelConfig("qwen2_5_vl")
     )
+
+
+@pytest.fixture(scope="session")
+def needle_dir(tmp_path_factory):
+    from paravt.video.synthetic import NeedleConfig, generate
+
+    out = tmp_path_factory.mktemp("needle")
+    generate(NeedleConfig(num_train=4, num_eval=2, seed=3), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def needle_samples(needle_dir):
+    from paravt.data.datasets import load_samples
+
+    samples, report = load_samples(needle_dir / "train.jsonl")
+    assert report.kept == 4, report
+    return samples
+
+
+@pytest.fixture(scope="session")
+def tool_caller(tiny_qwen3_dir, needle_samples):
+    """A tiny Qwen3-VL overfitted for a few seconds to call crop_video in parallel and answer.
+
+    Built by driving the real agent loop with the scripted teacher (real crops, real tool-response
+    tokens), then a few supervised steps on those trajectories. Returns (model, processor).
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.scripts import needle_teacher
+    from paravt.modules.forward import TokenIds
+    from paravt.modules.sft import supervised_steps
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.video.reader import VideoReader
+
+    torch_seed = 0
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
+    teacher = ScriptedEngine(processor.tokenizer, needle_teacher(needle_samples, "search"))
+    loop = AgentLoop(teacher, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=2))
+    trajs = loop.run(needle_samples, [4] * len(needle_samples), 1, SamplingParams(greedy=True))
+    assert all(t.num_valid_calls >= 1 for t in trajs)
+    import torch
+
+    torch.manual_seed(torch_seed)
+    losses = supervised_steps(model, trajs, TokenIds.from_tokenizer(processor.tokenizer), 80)
+    assert losses[-1] < 0.1 * losses[0], losses[::10]
+    return model, processor

@@ -5,9 +5,9 @@ inside it (`paravt.video.sampling.window_indices`) and reads those frames from a
 It always crops the sample's own video: the model's `video_path` argument is never opened.
 Failures come back as short error texts in `ToolResult.error`, never as exceptions.
 
-`ParallelToolExecutor` runs the calls of one round (of one or many trajectories) on a shared
-thread pool. Crops of the same video are planned first and their frame indices decoded with one
-`FrameSource.read`, so K crops (or G rollouts cropping the same prompt video) decode it once.
+`ParallelToolExecutor` runs the calls of a round (of all trajectories) on a shared thread pool;
+crops of one video are planned first and decoded with ONE `FrameSource.read`, so K crops (or G
+rollouts cropping the same prompt video) decode it once.
 
 This module deliberately does not decode video (a `FrameSource` does; `paravt.video.reader` is
 the decord one), render tool responses into tokens (the agent loop and prompts do), or write
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from paravt.agent.parsing import cap_error, parse_time
@@ -62,20 +63,14 @@ class CropConfig:
     max_workers: int = 8
 
     def __post_init__(self) -> None:
-        if not self.sample_fps > 0:
-            raise ValueError(f"CropConfig.sample_fps must be > 0 (got {self.sample_fps})")
+        for name in ("sample_fps", "timeout_s", "max_calls_per_turn", "max_workers"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"CropConfig.{name} must be > 0 (got {getattr(self, name)})")
         if not 1 <= self.min_frames <= self.max_frames:
             raise ValueError(
                 "CropConfig needs 1 <= min_frames <= max_frames "
                 f"(got {self.min_frames}, {self.max_frames})"
             )
-        if self.max_calls_per_turn < 1 or self.max_workers < 1:
-            raise ValueError(
-                "CropConfig.max_calls_per_turn and max_workers must be >= 1 "
-                f"(got {self.max_calls_per_turn}, {self.max_workers})"
-            )
-        if not self.timeout_s > 0:
-            raise ValueError(f"CropConfig.timeout_s must be > 0 seconds (got {self.timeout_s})")
 
 
 @dataclass(frozen=True)
@@ -117,15 +112,9 @@ def validate_window(start: float, end: float, duration: float) -> tuple[float, f
         return f"start_time and end_time must be finite seconds (got {start}, {end})"
     clamped_start = max(start, 0.0)
     if end <= clamped_start:
-        return (
-            f"invalid window [{start:g}, {end:g}]: end_time must be greater than start_time "
-            "(and than 0)"
-        )
+        return f"invalid window [{start:g}, {end:g}]: end_time must be greater than start_time"
     if clamped_start >= duration:
-        return (
-            f"start_time {start:g} s is beyond the video's duration of {duration:g} s; "
-            f"choose a window inside 0-{duration:g} s"
-        )
+        return f"start_time {start:g} s is beyond the video's duration of {duration:g} s"
     return clamped_start, min(end, duration)
 
 
@@ -273,14 +262,18 @@ class ParallelToolExecutor:
                 if isinstance(tool, PlannedTool):
                     groups.setdefault((slot.name, video), []).append((slot, parsed.call))
                 else:
-                    jobs.append(_Job(self._single_job(tool, parsed.call, video, slot), (slot,)))
+                    run = partial(
+                        _run_single, tool, parsed.call, video, slot, self._source, self._cfg
+                    )
+                    jobs.append(_Job(run, (slot,)))
         for (name, video), members in groups.items():
-            run = self._group_job(self._tools[name], video, members)
+            run = partial(_run_group, self._tools[name], video, members, self._source, self._cfg)
             jobs.append(_Job(run, tuple(slot for slot, _ in members)))
+        timed_out = f"timed out after {self._cfg.timeout_s:g} s"
         for job, outcome in zip(jobs, self._gather([job.run for job in jobs]), strict=True):
             for k, slot in enumerate(job.slots):
                 results[slot.turn][slot.position] = (
-                    outcome[k] if outcome is not None else self._timeout_result(slot)
+                    outcome[k] if outcome is not None else _error(slot, f"{slot.name} {timed_out}")
                 )
         return [tuple(r for r in turn if r is not None) for turn in results]
 
@@ -300,35 +293,13 @@ class ParallelToolExecutor:
         """The result of a call that never reaches a tool (over the cap, unparsed, unknown)."""
         cap = self._cfg.max_calls_per_turn
         if slot.position >= cap:
-            return ToolResult(slot.index, slot.name, error=cap_error(slot.position, cap))
+            return _error(slot, cap_error(slot.position, cap))
         if parsed.call is None or parsed.error is not None:
-            error = parsed.error or f"tool call {slot.index + 1} could not be parsed"
-            return ToolResult(slot.index, slot.name, error=error)
+            return _error(slot, parsed.error or f"tool call {slot.index + 1} could not be parsed")
         if slot.name not in self._tools:
             known = ", ".join(sorted(self._tools)) or "none"
-            error = f"unknown tool {slot.name!r}; known tools: {known}"
-            return ToolResult(slot.index, slot.name, error=error)
+            return _error(slot, f"unknown tool {slot.name!r}; known tools: {known}")
         return None
-
-    def _timeout_result(self, slot: _Slot) -> ToolResult:
-        error = f"{slot.name} timed out after {self._cfg.timeout_s:g} s"
-        return ToolResult(slot.index, slot.name, error=error)
-
-    def _single_job(
-        self, tool: Tool, call: ToolCall, video: str, slot: _Slot
-    ) -> Callable[[], list[ToolResult]]:
-        def run() -> list[ToolResult]:
-            try:
-                return [tool(call, video, self._source, self._cfg, index=slot.index)]
-            except Exception as err:  # a third-party tool broke its contract; keep the round
-                return [ToolResult(slot.index, slot.name, error=failure_text(slot.name, err))]
-
-        return run
-
-    def _group_job(
-        self, tool: PlannedTool, video: str, members: Sequence[tuple[_Slot, ToolCall]]
-    ) -> Callable[[], list[ToolResult]]:
-        return lambda: _run_group(tool, video, members, self._source, self._cfg)
 
     def _gather(self, jobs: Sequence[Callable[[], list[ToolResult]]]) -> list[Any]:
         """Each job's results, or None for a job that ran (or waited) past the timeout."""
@@ -375,6 +346,15 @@ def _overdue(started: float | None, progress: float, now: float, timeout: float)
     return now - progress > timeout
 
 
+def _run_single(
+    tool: Tool, call: ToolCall, video: str, slot: _Slot, source: FrameSource, cfg: CropConfig
+) -> list[ToolResult]:
+    try:
+        return [tool(call, video, source, cfg, index=slot.index)]
+    except Exception as err:  # a third-party tool broke its contract; keep the round going
+        return [_error(slot, failure_text(slot.name, err))]
+
+
 def _run_group(
     tool: PlannedTool,
     video: str,
@@ -383,14 +363,10 @@ def _run_group(
     cfg: CropConfig,
 ) -> list[ToolResult]:
     """All crops of one video: plan each, read the union of their frames once, slice per crop."""
-
-    def error(slot: _Slot, text: str) -> ToolResult:
-        return ToolResult(slot.index, slot.name, error=text)
-
     try:
         info = source.info(video)
     except Exception as err:
-        return [error(slot, failure_text(slot.name, err)) for slot, _ in members]
+        return [_error(slot, failure_text(slot.name, err)) for slot, _ in members]
     plans: list[CropPlan | str] = []
     for slot, call in members:
         try:
@@ -404,16 +380,21 @@ def _run_group(
             frames = source.read(video, wanted, cfg.max_pixels, cfg.factor, cfg.min_pixels)
         except Exception as err:
             frames = failure_text(tool.name, err)
-    results = []
-    for (slot, _), plan in zip(members, plans, strict=True):
-        if isinstance(plan, str):
-            results.append(error(slot, plan))
-        elif isinstance(frames, str):
-            results.append(error(slot, frames))
-        else:
-            crop = slice_frames(frames, plan.indices) if frames is not None else None
-            if crop is None:
-                results.append(error(slot, f"{slot.name} failed: frames missing from {video}"))
-            else:
-                results.append(ToolResult(slot.index, slot.name, frames=crop, window=plan.window))
-    return results
+    return [
+        _crop_result(slot, plan, frames) for (slot, _), plan in zip(members, plans, strict=True)
+    ]
+
+
+def _crop_result(slot: _Slot, plan: CropPlan | str, frames: Frames | str | None) -> ToolResult:
+    if isinstance(plan, str):
+        return _error(slot, plan)
+    if isinstance(frames, str):
+        return _error(slot, frames)
+    crop = slice_frames(frames, plan.indices) if frames is not None else None
+    if crop is None:
+        return _error(slot, f"{slot.name} failed: the frame source skipped requested frames")
+    return ToolResult(slot.index, slot.name, frames=crop, window=plan.window)
+
+
+def _error(slot: _Slot, text: str) -> ToolResult:
+    return ToolResult(slot.index, slot.name, error=text)

@@ -25,7 +25,6 @@ Judge = Callable[[str, str], float]
 
 # ------------------------------------------------------------------ answer extraction
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 # An unclosed tool block runs to the end of the text: nothing after it is an answer.
 _TOOL_BLOCK_RE = re.compile(r"<(tool_call|tool_code)>.*?(?:</\1>|\Z)", re.S)
 _TAG_RE = re.compile(r"</?(?:think|answer|tool_call|tool_code|tool_response)>")
@@ -44,9 +43,11 @@ def extract_answer(text: str) -> str:
        reads an `<answer>` cut off before its closing tag); empty when nothing follows it;
     3. else (no `</think>`) the last non-empty line, tool blocks and tags removed.
     """
-    closed = _ANSWER_RE.findall(text)
-    if closed:
-        return closed[-1].strip()
+    # rfind, not a regex: a lazy `<answer>(.*?)</answer>` is quadratic on many unclosed tags.
+    close = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, close) if close != -1 else -1
+    if start != -1:
+        return text[start + len("<answer>") : close].split("</answer>", 1)[0].strip()
     if "</think>" in text:
         # Nothing after the reasoning means no answer; the think itself is never read as one.
         return _strip_tools_and_tags(text.rsplit("</think>", 1)[1]).strip()
@@ -128,15 +129,14 @@ def _standalone_pattern(letters: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![A-Za-z0-9])([{re.escape(letters.upper())}])(?![A-Za-z0-9]|'[a-z])")
 
 
-_SENTENCE_START_RE = re.compile(r"(?:\A|[.!?\n])\s*\Z")
+# "A" and "I" are the only one-letter English words; before a lower-case word they are the
+# article / pronoun ("A person ...", "I think ..."), unless the word joins letters ("A or B").
+_WORD_USE_RE = re.compile(r"\s+(?!(?:and|or|nor|vs|versus)\b)[a-z]")
 
 
 def _is_word_use(text: str, match: re.Match[str]) -> bool:
-    """True when a capital letter is the article "A" / pronoun "I" of a sentence, not an option."""
-    followed_by_word = re.match(r"\s+[a-z]", text[match.end() :]) is not None
-    if not followed_by_word:
-        return False
-    return match.group(1) == "I" or _SENTENCE_START_RE.search(text[: match.start()]) is not None
+    """True when a capital letter is the article "A" / pronoun "I", not an option."""
+    return match.group(1) in "AI" and _WORD_USE_RE.match(text, match.end()) is not None
 
 
 def _letter_by_option_text(text: str, letters: str, options: Sequence[str]) -> str | None:
@@ -151,7 +151,7 @@ def _letter_by_option_text(text: str, letters: str, options: Sequence[str]) -> s
     hits = [(opt, letter) for letter, opt in zip(letters, normed, strict=False)]
     hits = [(opt, letter) for opt, letter in hits if opt and f" {opt} " in f" {answer} "]
     # "dark red" contains "red": keep only hits not contained in a longer hit.
-    maximal = [h for h in hits if not any(h[0] != o and h[0] in o for o, _ in hits)]
+    maximal = [h for h in hits if not any(h[0] != o and f" {h[0]} " in f" {o} " for o, _ in hits)]
     return maximal[0][1] if len({letter for _, letter in maximal}) == 1 else None
 
 
@@ -163,7 +163,7 @@ def extract_option_letter(
     Tried in order: the whole text is a letter; a leading letter with a delimiter ("B. red");
     the last explicit phrase ("the answer is B"); "B is correct"; the option text itself when
     `options` are given ("the red one" -> the letter of "red"); finally a single distinct
-    stand-alone capital letter, ignoring sentence-initial "A ..."/"I ..." used as words.
+    stand-alone capital letter, ignoring "A ..."/"I ..." used as words ("A person", "I think").
     """
     letters = "".join(ch for ch in letters.upper() if ch.isalpha() and ch.isascii())
     if not letters or not text.strip():

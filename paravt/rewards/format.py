@@ -25,6 +25,7 @@ block is judged by its tags only (validity is the agent parser's job and feeds R
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -84,9 +85,12 @@ def _blocks(tags: list[_Tag], name: str, text_len: int) -> tuple[list[_Block], b
     opened: _Tag | None = None
     balanced = True
 
+    starts = [t.start for t in tags]
+
     def unclosed(tag: _Tag) -> _Block:
         # An unclosed block's content runs to the next tag of any kind (or the end of the text).
-        nxt = next((t.start for t in tags if t.start >= tag.end), text_len)
+        following = bisect.bisect_left(starts, tag.end)
+        nxt = starts[following] if following < len(starts) else text_len
         return _Block(tag.start, tag.end, nxt, None)
 
     for tag in (t for t in tags if t.name == name):

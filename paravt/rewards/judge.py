@@ -35,9 +35,10 @@ JUDGE_USER_TEMPLATE = (
     "Question: {question}\nReference answer: {gold}\nCandidate answer: {prediction}\nVerdict:"
 )
 
-_VERDICT_RE = re.compile(r"\b(INCORRECT|PARTIAL|CORRECT)\b", re.I)
+# The first verdict word wins; "partially correct" and "not correct" are read as whole phrases.
+_VERDICT_RE = re.compile(r"\b(INCORRECT|NOT\s+CORRECT|PARTIAL(?:LY)?|CORRECT)\b", re.I)
 _NUMBER_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])")
-_VERDICT_SCORES = {"correct": 1.0, "partial": 0.5, "incorrect": 0.0}
+_VERDICT_SCORES = {"correct": 1.0, "partial": 0.5, "partially": 0.5, "incorrect": 0.0, "not": 0.0}
 # Errors a network call or a malformed reply can raise; anything else is a bug and propagates.
 _JUDGE_ERRORS = (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError)
 
@@ -46,7 +47,7 @@ def parse_verdict(reply: str) -> float | None:
     """1.0 / 0.5 / 0.0 from a judge reply, or None when it holds no verdict."""
     word = _VERDICT_RE.search(reply)
     if word is not None:
-        return _VERDICT_SCORES[word.group(1).lower()]
+        return _VERDICT_SCORES[word.group(1).lower().split()[0]]
     number = _NUMBER_RE.search(reply)
     if number is None:
         return None

@@ -93,9 +93,7 @@ ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo_advantages, "drgrpo": drgrpo_
 def get_advantage_fn(name: str) -> AdvantageFn:
     """Look up an advantage estimator by name."""
     if name not in ADVANTAGES:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid names: {sorted(ADVANTAGES)}"
-        )
+        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {sorted(ADVANTAGES)}")
     return ADVANTAGES[name]
 
 
@@ -124,9 +122,7 @@ def batch_normalize(
     if mask is None:
         mask = torch.ones_like(adv, dtype=torch.bool)
     if mask.shape != adv.shape:
-        raise ValueError(
-            f"mask shape {tuple(mask.shape)} must equal adv shape {tuple(adv.shape)}"
-        )
+        raise ValueError(f"mask shape {tuple(mask.shape)} must equal adv shape {tuple(adv.shape)}")
     keep = mask.bool()
     a = torch.where(keep, adv.double(), 0.0)
     count = keep.sum().clamp(min=1)

@@ -26,9 +26,8 @@ LOG_RATIO_CLAMP = 20.0
 
 
 def _log_ratio(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    # -inf - -inf (a suppressed token under both policies) is NaN; such a token has no KL.
-    d = torch.nan_to_num(logp - ref_logp, nan=0.0)
-    return d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # The clamp keeps exp() finite for -inf or extreme log-probs; NaN is left to surface a bug.
+    return (logp - ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [N, T] -> [N, T]

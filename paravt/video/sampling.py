@@ -105,6 +105,10 @@ def fit_pixels(
 ) -> tuple[int, int]:
     """Resize target (h, w): h*w <= max_pixels, both multiples of `factor`, aspect kept closely.
 
+    The exact-aspect target is the original scaled down to `max_pixels` (or up to `min_pixels`);
+    each side is snapped to the multiple of `factor` just below or above it, and the feasible pair
+    nearest the target (sum of |log| ratios per side) wins.
+
     `factor` is the vision patch times the spatial merge: 32 for Qwen3-VL (16 x 2), 28 for
     Qwen2.5-VL (14 x 2). Frames are never upscaled past the original size unless that is needed to
     reach `factor` in a dimension or `min_pixels` in area. `max_pixels` is a hard cap;
@@ -136,8 +140,11 @@ def fit_pixels(
             return h, max(factor, max_pixels // h // factor * factor)
         w = cols[0]
         return max(factor, max_pixels // w // factor * factor), w
-    aspect = height / width
-    return min(feasible, key=lambda hw: (abs(math.log(hw[0] / hw[1] / aspect)), -hw[0] * hw[1]))
+    # Closest to the exact-aspect target size in log terms per side: keeps aspect and area.
+    target_h, target_w = height * scale, width * scale
+    return min(
+        feasible, key=lambda hw: abs(math.log(hw[0] / target_h)) + abs(math.log(hw[1] / target_w))
+    )
 
 
 def _snap_options(target: float, original: int, factor: int, upscale: bool) -> list[int]:

@@ -26,7 +26,7 @@ def test_video_info_duration_is_frames_over_fps():
     [
         # centres floor((2i+1) * n / 2k): n=10, k=4 -> 10//8, 30//8, 50//8, 70//8 = 1, 3, 6, 8
         (10, 4, [1, 3, 6, 8]),
-        # n=128, k=4 -> 128//8, 384//8, 640//8, 896//8 = 16, 48, 80, 112 (t = 8, 24, 40, 56 s @ 2fps)
+        # n=128, k=4 -> 128//8, 384//8, 640//8, 896//8 = 16, 48, 80, 112 (8, 24, 40, 56 s @ 2fps)
         (128, 4, [16, 48, 80, 112]),
         # n=7, k=2 -> 7//4, 21//4 = 1, 5
         (7, 2, [1, 5]),
@@ -51,7 +51,7 @@ def test_uniform_indices_unique_sorted_in_range(num_frames, k):
     got = uniform_indices(num_frames, k)
     assert len(got) == min(k, num_frames)
     assert got == sorted(set(got))
-    assert 0 <= got[0] and got[-1] < num_frames
+    assert got[0] >= 0 and got[-1] < num_frames
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,284 @@
+"""The multi-turn, parallel-tool agent loop: B prompts x G samples, round by round, token-exact.
+
+One round = one batched engine call for every active trajectory -> parse each turn's calls ->
+one `run_many` of the executor for all calls of all trajectories (concurrent crops) -> in
+sub-agent mode one batched engine call for every successful crop -> append each trajectory's
+next context segment (tool responses rendered together, mask 0) -> next round. After the last
+tool round the tool responses are followed by a forced-answer message. A trajectory whose next
+turn could exceed `max_total_tokens` stops and is marked truncated.
+
+The loop deliberately knows nothing of rewards or training; it returns `Trajectory` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from paravt.agent import prompts
+from paravt.agent.parsing import parse_tool_calls
+from paravt.agent.render import ChatRenderer, Segment
+from paravt.agent.tools import CropConfig, ParallelToolExecutor
+from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
+from paravt.types import Frames, ParsedCall, Sample, ToolResult, Trajectory, Turn, Visual
+from paravt.video.sampling import uniform_indices
+
+MODES = ("frames", "subagent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Agent settings (PARAVT.md sections 2 and 6); crops are configured by `CropConfig`."""
+
+    max_rounds: int = 3
+    mode: str = "frames"
+    sequential: bool = False
+    force_think: bool = True
+    max_new_tokens: int = 256
+    max_total_tokens: int = 8192
+    subagent_max_tokens: int = 512
+    overview_max_pixels: int = 50176
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"agent mode {self.mode!r} is unknown: choose one of {MODES}")
+        if self.max_rounds < 0:
+            raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
+
+
+@dataclass
+class _State:
+    """A trajectory under construction (mutable, private to the loop)."""
+
+    sample: Sample
+    group_index: int
+    budget: int
+    prompt_length: int
+    ids: list[int]
+    mask: list[int]
+    logp: list[float]
+    visuals: list[Visual]
+    history: list[dict[str, Any]]
+    turns: list[Turn] = field(default_factory=list)
+    subs: list[Trajectory] = field(default_factory=list)
+    prefix: str = ""
+    done: bool = False
+    truncated: bool = False
+    finish_reason: str = "stop"
+    forced: bool = False
+
+    def append(self, seg: Segment) -> None:
+        self.ids += seg.token_ids
+        self.mask += [0] * len(seg.token_ids)
+        self.logp += [0.0] * len(seg.token_ids)
+        self.visuals += seg.visuals
+
+    def request(self) -> GenerationRequest:
+        return GenerationRequest(tuple(self.ids), tuple(self.visuals))
+
+
+class AgentLoop:
+    """Runs grouped rollouts of the main agent with the configured engine and tools."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        renderer: ChatRenderer,
+        source,
+        cfg: AgentConfig = AgentConfig(),
+        crop: CropConfig | None = None,
+        executor: ParallelToolExecutor | None = None,
+    ):
+        from paravt.agent.tools import CropVideoTool
+
+        self.engine = engine
+        self.renderer = renderer
+        self.source = source
+        self.cfg = cfg
+        self.crop = crop or CropConfig(factor=renderer.frame_factor)
+        self.executor = executor or ParallelToolExecutor(
+            {"crop_video": CropVideoTool()}, source, self.crop
+        )
+        self.tokenizer = renderer.tokenizer
+        self.end_of_turn = renderer.end_of_turn
+
+    # ---- public -------------------------------------------------------------------------
+    def run(
+        self,
+        samples: Sequence[Sample],
+        budgets: Sequence[int],
+        group_size: int,
+        params: SamplingParams,
+    ) -> list[Trajectory]:
+        """N = len(samples) * group_size trajectories, grouped by sample (group-major order)."""
+        if len(budgets) != len(samples):
+            raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
+        states = [
+            st
+            for s, k in zip(samples, budgets, strict=True)
+            for st in self._start(s, k, group_size)
+        ]
+        turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
+        for round_index in range(self.cfg.max_rounds + 1):
+            active = [st for st in states if not st.done and self._fits(st)]
+            if not active:
+                break
+            outputs = self.engine.generate([st.request() for st in active], turn_params)
+            with_calls = [
+                (st, calls)
+                for st, out in zip(active, outputs, strict=True)
+                if (calls := self._take_turn(st, out[0], round_index))
+            ]
+            self._run_tools(with_calls, round_index, params)
+        return [self._finish(st) for st in states]
+
+    # ---- phases -------------------------------------------------------------------------
+    def _start(self, sample: Sample, budget: int, group_size: int) -> list[_State]:
+        info = self.source.info(sample.video)
+        indices = uniform_indices(info.num_frames, budget)
+        frames = self.source.read(
+            sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
+        )
+        messages = prompts.main_messages(sample, frames.timestamps, info.duration)
+        prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
+        seg = self.renderer.prompt(messages, [frames], prefix)
+        return [
+            _State(
+                sample=sample,
+                group_index=g,
+                budget=budget,
+                prompt_length=len(seg.token_ids),
+                ids=list(seg.token_ids),
+                mask=[0] * len(seg.token_ids),
+                logp=[0.0] * len(seg.token_ids),
+                visuals=list(seg.visuals),
+                history=list(messages),
+                prefix=prefix,
+            )
+            for g in range(group_size)
+        ]
+
+    def _fits(self, st: _State) -> bool:
+        if len(st.ids) + self.cfg.max_new_tokens <= self.cfg.max_total_tokens:
+            return True
+        st.done, st.truncated, st.finish_reason = True, True, "truncated"
+        return False
+
+    def _take_turn(
+        self, st: _State, out: GenerationOutput, round_index: int
+    ) -> tuple[ParsedCall, ...]:
+        """Append the sampled tokens; return the turn's calls when tools must run."""
+        st.ids += out.token_ids
+        st.mask += [1] * len(out.token_ids)
+        st.logp += out.logprobs
+        body = self.tokenizer.decode(list(out.token_ids), skip_special_tokens=False)
+        if body.endswith(self.end_of_turn):
+            body = body[: -len(self.end_of_turn)]
+        text = st.prefix + body
+        st.history.append({"role": "assistant", "content": text})
+        cap = 1 if self.cfg.sequential else self.crop.max_calls_per_turn
+        calls = () if st.forced else parse_tool_calls(text, max_calls=cap)
+        st.turns.append(Turn(text=text, calls=calls, forced_answer=st.forced))
+        if out.finish_reason != "stop":
+            st.done, st.finish_reason = True, out.finish_reason
+            return ()
+        if not calls or round_index >= self.cfg.max_rounds:
+            st.done = True
+            return ()
+        return calls
+
+    def _run_tools(
+        self,
+        with_calls: Sequence[tuple[_State, tuple[ParsedCall, ...]]],
+        round_index: int,
+        params: SamplingParams,
+    ) -> None:
+        if not with_calls:
+            return
+        results = self.executor.run_many([(calls, st.sample.video) for st, calls in with_calls])
+        if self.cfg.mode == "subagent":
+            results = self._summarise(with_calls, results, params)
+        last_round = round_index + 1 >= self.cfg.max_rounds
+        for (st, _), res in zip(with_calls, results, strict=True):
+            st.turns[-1] = replace(st.turns[-1], results=res)
+            self._append_responses(st, res, last_round)
+
+    def _append_responses(self, st: _State, results: Sequence[ToolResult], last: bool) -> None:
+        messages = [prompts.tool_message(r, self.cfg.mode) for r in results]
+        if last:
+            messages.append(prompts.forced_answer_message())
+            st.forced = True
+        clips: list[Frames] = []
+        if self.cfg.mode == "frames":
+            clips = [r.frames for r in results if r.ok and r.frames is not None]
+        seg = self.renderer.continuation(st.history, messages, clips, st.prefix)
+        if len(st.ids) + len(seg.token_ids) > self.cfg.max_total_tokens:
+            st.done, st.truncated, st.finish_reason = True, True, "truncated"
+            return
+        st.history.extend(messages)
+        st.append(seg)
+
+    def _summarise(self, with_calls, results, params: SamplingParams):
+        """One batched sub-agent generation for every successful crop of every trajectory."""
+        jobs = [
+            (i, j, r)
+            for i, res in enumerate(results)
+            for j, r in enumerate(res)
+            if r.ok and r.frames is not None
+        ]
+        if not jobs:
+            return results
+        segs = [
+            self.renderer.prompt(prompts.subagent_messages(*r.window), [r.frames])
+            for _, _, r in jobs
+        ]
+        sub_params = replace(params, n=1, max_new_tokens=self.cfg.subagent_max_tokens)
+        outs = self.engine.generate(
+            [GenerationRequest(s.token_ids, s.visuals) for s in segs], sub_params
+        )
+        new = [list(res) for res in results]
+        for (i, j, r), seg, out in zip(jobs, segs, outs, strict=True):
+            o = out[0]
+            text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True).strip()
+            new[i][j] = replace(r, summary=text)
+            with_calls[i][0].subs.append(_sub_trajectory(with_calls[i][0], seg, o, text))
+        return [tuple(res) for res in new]
+
+    def _finish(self, st: _State) -> Trajectory:
+        calls = [c for t in st.turns for c in t.calls]
+        responses = [r for t in st.turns for r in t.results if r.ok]
+        return Trajectory(
+            sample_id=st.sample.id,
+            group_index=st.group_index,
+            token_ids=tuple(st.ids),
+            loss_mask=tuple(st.mask),
+            logprobs=tuple(st.logp),
+            visuals=tuple(st.visuals),
+            prompt_length=st.prompt_length,
+            turns=tuple(st.turns),
+            num_calls=len(calls),
+            num_valid_calls=sum(c.ok for c in calls),
+            num_tool_responses=len(responses),
+            num_rounds=sum(1 for t in st.turns if t.calls),
+            truncated=st.truncated,
+            finish_reason=st.finish_reason,
+            frame_budget=st.budget,
+            sub_trajectories=tuple(st.subs),
+        )
+
+
+def _sub_trajectory(parent: _State, seg: Segment, out: GenerationOutput, text: str) -> Trajectory:
+    n_prompt = len(seg.token_ids)
+    return Trajectory(
+        sample_id=parent.sample.id,
+        group_index=parent.group_index,
+        token_ids=seg.token_ids + out.token_ids,
+        loss_mask=(0,) * n_prompt + (1,) * len(out.token_ids),
+        logprobs=(0.0,) * n_prompt + out.logprobs,
+        visuals=seg.visuals,
+        prompt_length=n_prompt,
+        turns=(Turn(text=text),),
+        finish_reason=out.finish_reason,
+        frame_budget=parent.budget,
+    )

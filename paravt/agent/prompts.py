@@ -1,0 +1,122 @@
+"""Prompts of the agent as chat messages (pure: strings and dicts, no processor, no torch).
+
+The same functions build the training and the evaluation prompts, so the overview frames carry
+their true timestamps in both (PARAVT.md pitfall 5). Messages use OpenAI-style content parts;
+`{"type": "video"}` marks where a clip's frames go, in the order the clips are passed to the
+processor. Rendering to tokens is `paravt.agent.render`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from paravt.types import Sample, ToolResult
+
+FORCED_THINK = "<think>\n"
+
+CROP_VIDEO_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "crop_video",
+        "description": "Return frames sampled at 1 fps from [start_time, end_time] of the video.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "video_path": {"type": "string", "description": "the video to crop"},
+                "start_time": {"type": "number", "description": "window start in seconds"},
+                "end_time": {"type": "number", "description": "window end in seconds"},
+            },
+            "required": ["video_path", "start_time", "end_time"],
+        },
+    },
+}
+
+SYSTEM_TEMPLATE = (
+    "You are a video agent. You see a few frames of a long video, each labelled with its time. "
+    "Think inside <think> </think>. To look closer, call the tool, one <tool_call> block per "
+    "call; you may call it several times in one turn and the calls run in parallel:\n"
+    "<tool_call>{example}</tool_call>\n"
+    "Tools:\n{tools}\n"
+    "When you know the answer, write it inside <answer> </answer>."
+)
+
+FORCED_ANSWER = "You have no tool calls left. Answer now, inside <answer> </answer>."
+
+SUBAGENT_SYSTEM = "You describe video segments factually and briefly."
+SUBAGENT_TEMPLATE = (
+    "These frames cover {start:.1f}s to {end:.1f}s of a video. "
+    "Describe what is visible: objects, colours, shapes and when they appear."
+)
+
+
+def system_prompt(tools: Sequence[Mapping[str, Any]] = (CROP_VIDEO_SCHEMA,)) -> str:
+    example = {
+        "name": "crop_video",
+        "arguments": {"video_path": "video.mp4", "start_time": 30.0, "end_time": 50.0},
+    }
+    return SYSTEM_TEMPLATE.format(
+        example=json.dumps(example), tools="\n".join(json.dumps(t) for t in tools)
+    )
+
+
+def format_times(timestamps: Sequence[float]) -> str:
+    return ", ".join(f"{t:.1f}s" for t in timestamps)
+
+
+def user_text(sample: Sample, timestamps: Sequence[float], duration: float) -> str:
+    return (
+        f"The video lasts {duration:.1f} seconds. You see {len(timestamps)} frames at "
+        f"{format_times(timestamps)}.\n{sample.question}"
+    )
+
+
+def main_messages(
+    sample: Sample, timestamps: Sequence[float], duration: float, system: str | None = None
+) -> list[dict[str, Any]]:
+    """System + user turn with the overview clip; `timestamps` are the overview frames' times."""
+    return [
+        {"role": "system", "content": system if system is not None else system_prompt()},
+        {
+            "role": "user",
+            "content": [
+                {"type": "video"},
+                {"type": "text", "text": user_text(sample, timestamps, duration)},
+            ],
+        },
+    ]
+
+
+def tool_message(result: ToolResult, mode: str) -> dict[str, Any]:
+    """One tool response: an error text, the cropped clip (mode "frames") or a summary."""
+    if not result.ok:
+        return {"role": "tool", "content": f"Error: {result.error}"}
+    start, end = result.window or (0.0, 0.0)
+    head = f"crop_video {start:.1f}s-{end:.1f}s"
+    if mode == "subagent":
+        return {"role": "tool", "content": f"{head}: {result.summary or ''}"}
+    frames = result.frames
+    times = format_times(frames.timestamps) if frames is not None else ""
+    return {
+        "role": "tool",
+        "content": [{"type": "text", "text": f"{head}, frames at {times}:\n"}, {"type": "video"}],
+    }
+
+
+def forced_answer_message() -> dict[str, Any]:
+    return {"role": "user", "content": FORCED_ANSWER}
+
+
+def subagent_messages(start: float, end: float) -> list[dict[str, Any]]:
+    """The sub-agent's fresh single-turn prompt: the crop and its time range, not the question."""
+    return [
+        {"role": "system", "content": SUBAGENT_SYSTEM},
+        {
+            "role": "user",
+            "content": [
+                {"type": "video"},
+                {"type": "text", "text": SUBAGENT_TEMPLATE.format(start=start, end=end)},
+            ],
+        },
+    ]

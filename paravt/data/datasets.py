@@ -1,0 +1,211 @@
+"""Load RL prompt files (.parquet, .jsonl, .json) into `Sample`s, and order them per epoch.
+
+`load_samples` never crashes on a bad row and never drops one silently: every skipped row is in
+`LoadReport.skipped` with its id and the reason, and a one-line warning is logged. Whole-file
+problems (unknown extension, unreadable file, a bad JSON line) raise `DataFileError` naming the
+file (and line). Row conversion rules live in `paravt.data.schemas`; this module only reads files,
+checks that videos exist (existence only, videos are not opened) and wraps the result for torch.
+It deliberately does not build prompts, sample frames or batch tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+from paravt.data.schemas import DataRowError, row_to_sample
+from paravt.types import Sample
+
+log = logging.getLogger(__name__)
+# How many skip reasons the warning line quotes; the report holds all of them.
+_REASONS_IN_WARNING = 3
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read at all (the message names the file and the fix)."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What load_samples did with one file: rows seen, kept, and each skipped row's reason."""
+
+    path: str
+    total: int
+    kept: int
+    skipped: tuple[tuple[str, str], ...]  # (row id, reason)
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as error:
+        raise DataFileError(f"{path}: cannot read as parquet ({error})") from error
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFileError(
+                f"{path}:{lineno}: invalid JSON ({error.msg} at column {error.colno}); "
+                "each line must hold one JSON object"
+            ) from error
+        if not isinstance(row, dict):
+            raise DataFileError(
+                f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}"
+            )
+        rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(_read_text(path))
+    except json.JSONDecodeError as error:
+        raise DataFileError(
+            f"{path}:{error.lineno}: invalid JSON ({error.msg} at column {error.colno})"
+        ) from error
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise DataFileError(
+            f"{path}: expected a JSON list of row objects; use .jsonl for one object per line"
+        )
+    return rows
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataFileError(f"{path}: cannot read as UTF-8 text ({error})") from error
+
+
+_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
+    ".parquet": _read_parquet,
+    ".jsonl": _read_jsonl,
+    ".json": _read_json,
+}
+
+
+def load_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read every row of a .parquet, .jsonl or .json (a list of rows) file as plain dicts."""
+    file = Path(path)
+    reader = _READERS.get(file.suffix.lower())
+    if reader is None:
+        raise DataFileError(
+            f"{file}: unknown data file extension {file.suffix!r}; "
+            f"expected one of {', '.join(_READERS)}"
+        )
+    if not file.is_file():
+        raise DataFileError(f"{file}: no such file; check the data path")
+    return reader(file)
+
+
+def load_samples(
+    path: str | os.PathLike[str],
+    *,
+    layout: str = "auto",
+    check_videos: bool = True,
+    limit: int | None = None,
+) -> tuple[list[Sample], LoadReport]:
+    """Convert a file's rows to Samples, skipping (and reporting) malformed ones.
+
+    Relative video paths are resolved against the file's directory. With `limit`, reading stops
+    once `limit` samples are kept, so `total` counts only the rows examined. A row whose id
+    repeats an earlier kept row is skipped: ids key the frame budget and resumption.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    rows = load_rows(path)
+    base_dir = Path(path).parent
+    samples: list[Sample] = []
+    skipped: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    total = 0
+    for index, row in enumerate(rows):
+        if limit is not None and len(samples) >= limit:
+            break
+        total += 1
+        try:
+            sample = row_to_sample(row, base_dir=base_dir, row_index=index, layout=layout)
+        except DataRowError as error:
+            skipped.append((error.row_id, str(error)))
+            continue
+        problem = _sample_problem(sample, seen, check_videos)
+        if problem:
+            skipped.append((sample.id, problem))
+            continue
+        seen.add(sample.id)
+        samples.append(sample)
+    report = LoadReport(str(path), total, len(samples), tuple(skipped))
+    _log_report(report)
+    return samples, report
+
+
+def _sample_problem(sample: Sample, seen: set[str], check_videos: bool) -> str | None:
+    if sample.id in seen:
+        return f"row {sample.id!r}: field 'id': duplicate id; give every row a unique id"
+    if check_videos and not os.path.isfile(sample.video):
+        return (
+            f"row {sample.id!r}: field 'videos[0].video': video file not found: {sample.video}; "
+            "fix the path (relative paths are resolved against the data file's folder)"
+        )
+    return None
+
+
+def _log_report(report: LoadReport) -> None:
+    if report.skipped:
+        first = " | ".join(reason for _, reason in report.skipped[:_REASONS_IN_WARNING])
+        log.warning(
+            "%s: skipped %d of %d rows (kept %d); first reasons: %s",
+            report.path,
+            len(report.skipped),
+            report.total,
+            report.kept,
+            first,
+        )
+    else:
+        log.info("%s: loaded %d samples", report.path, report.kept)
+
+
+class PromptDataset(Dataset):
+    """A map-style dataset over Samples; items are the Samples themselves."""
+
+    def __init__(self, samples: Sequence[Sample]) -> None:
+        self.samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.samples[index]
+
+
+def collate_samples(batch: list[Sample]) -> list[Sample]:
+    """Keep a batch as a list of Samples: prompts are built later, per frame budget."""
+    return batch
+
+
+def epoch_order(num: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    """Indices 0..num-1 in epoch `epoch`'s order: a permutation from a torch.Generator seeded
+    with seed + epoch, so a resumed run replays the same sequence of prompts."""
+    if num < 0:
+        raise ValueError(f"num must be >= 0, got {num}")
+    if not shuffle:
+        return list(range(num))
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(num, generator=generator).tolist()

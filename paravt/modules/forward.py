@@ -1,0 +1,87 @@
+"""Teacher-forced forward passes over assembled trajectories (glue between model and core).
+
+One padded forward over a list of trajectories with every clip they hold yields the per-token
+log-probabilities under the same distribution the engine sampled from (temperature, suppressed
+vision placeholders): the check that token ids and visual inputs are aligned, and the trainer's
+source of policy and reference log-probs. It deliberately computes no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from paravt.rl.logprobs import causal_token_logprobs
+from paravt.rollout.hf import mm_token_type_ids, visual_kwargs
+from paravt.types import Trajectory
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The special ids the forward pass needs."""
+
+    pad: int
+    image: int
+    video: int
+    suppress: tuple[int, ...]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TokenIds:
+        from paravt.rollout.hf import vision_placeholder_ids
+
+        return cls(
+            pad=tokenizer.pad_token_id,
+            image=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+            video=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+            suppress=tuple(vision_placeholder_ids(tokenizer)),
+        )
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Right-padded tensors of a list of trajectories."""
+
+    input_ids: torch.Tensor  # [N, T]
+    attention_mask: torch.Tensor  # [N, T]
+    loss_mask: torch.Tensor  # [N, T] bool
+    old_logp: torch.Tensor  # [N, T] behaviour log-probs (0 where loss_mask is 0)
+
+
+def pad_trajectories(trajs: Sequence[Trajectory], pad_id: int) -> PaddedBatch:
+    width = max(len(t.token_ids) for t in trajs)
+    n = len(trajs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.bool)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        length = len(t.token_ids)
+        ids[i, :length] = torch.tensor(t.token_ids)
+        attn[i, :length] = 1
+        mask[i, :length] = torch.tensor(t.loss_mask, dtype=torch.bool)
+        old[i, :length] = torch.tensor(t.logprobs)
+    return PaddedBatch(ids, attn, mask, old)
+
+
+def trajectory_logprobs(
+    model,
+    trajs: Sequence[Trajectory],
+    ids: TokenIds,
+    temperature: float = 1.0,
+    return_logits: bool = False,
+) -> tuple[torch.Tensor, PaddedBatch, torch.Tensor | None]:
+    """(logp [N, T] aligned with the tokens, the padded batch, logits [N, T, V] if asked)."""
+    batch = pad_trajectories(trajs, ids.pad)
+    device = next(model.parameters()).device
+    kwargs = visual_kwargs([v for t in trajs for v in t.visuals], device)
+    out = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        mm_token_type_ids=mm_token_type_ids(batch.input_ids, ids.image, ids.video).to(device),
+        use_cache=False,
+        **kwargs,
+    )
+    logp = causal_token_logprobs(out.logits, batch.input_ids.to(device), temperature, ids.suppress)
+    return logp, batch, (out.logits if return_logits else None)

@@ -1,0 +1,51 @@
+"""The two training-health figures of PARAVT section 7, and per-budget breakdowns.
+
+f_tau: mean format reward of a batch of training rollouts (format compliance at temperature 0.7).
+kappa: mean number of tool calls per rollout. `per_budget` splits any per-rollout value by the
+frame budget of its prompt. Empty input gives 0.0, never NaN.
+
+This module deliberately does not compute the format reward itself (paravt/rewards/) nor log
+anything; it reduces numbers to numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+Values = Sequence[float] | Sequence[int] | Tensor
+
+
+def _as_flat(values: Values) -> Tensor:  # [N] float64
+    return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+
+
+def _mean(values: Values) -> float:
+    x = _as_flat(values)
+    return float(x.mean()) if x.numel() else 0.0
+
+
+def f_tau(format_rewards: Values) -> float:
+    """Mean format reward of the training rollouts (0.0 for an empty batch)."""
+    return _mean(format_rewards)
+
+
+def kappa(num_calls: Values) -> float:
+    """Mean number of tool calls per rollout (0.0 for an empty batch)."""
+    return _mean(num_calls)
+
+
+def per_budget(
+    values: Values,  # [N] one value per rollout
+    budgets: Values,  # [N] the frame budget of each rollout's prompt
+) -> dict[int, float]:
+    """Mean of `values` over the rollouts of each frame budget, keys sorted ascending."""
+    x = _as_flat(values)
+    k = torch.as_tensor(budgets).reshape(-1)
+    if x.numel() != k.numel():
+        raise ValueError(
+            f"values ({x.numel()}) and budgets ({k.numel()}) need one entry per rollout each"
+        )
+    return {int(b): float(x[k == b].mean()) for b in sorted(set(k.tolist()))}

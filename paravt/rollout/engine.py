@@ -1,0 +1,79 @@
+"""The rollout-engine contract shared by the transformers engine and (later) the vLLM engine.
+
+An engine turns batched requests (token ids plus the visual inputs their placeholders stand for)
+into sampled continuations with the log-probability of every sampled token. It knows nothing of
+tools, rewards or trajectories; the agent loop drives it one round at a time.
+
+Log-probability definition (every engine and the trainer must agree, PARAVT.md pitfall 8):
+    logp(token) = log_softmax(suppress(logits / temperature))[token]
+where `suppress` sets the vision placeholder ids to -inf, no top-k / top-p truncation is applied,
+and greedy decoding uses temperature 1 for the reported log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from paravt.types import Visual
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `greedy=True` ignores temperature for the choice of tokens."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    greedy: bool = False
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        return 1.0 if self.greedy else self.temperature
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A full context to continue: token ids and the video clips of its placeholders, in order."""
+
+    token_ids: tuple[int, ...]
+    visuals: tuple[Visual, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """One sampled continuation. `token_ids` ends with the stop token when finish_reason is stop."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Anything that can continue batched multimodal contexts."""
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[GenerationOutput]]:
+        """Per request, `params.n` outputs."""
+        ...
+
+    def sync_weights(self, policy: Any, version: int) -> None:
+        """Receive `policy`'s weights (a torch module) after optimiser step `version`."""
+        ...
+
+    @property
+    def weight_version(self) -> int:
+        """The optimiser step whose weights the engine currently samples with."""
+        ...

@@ -1,0 +1,145 @@
+"""The agent loop: parallel calls, errors, caps, forced answers, truncation, token exactness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoProcessor
+
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.render import ChatRenderer
+from paravt.agent.scripts import call_text
+from paravt.agent.tools import CropConfig
+from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.rollout.engine import SamplingParams
+from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.scripted import ScriptedEngine
+from paravt.video.reader import VideoReader
+
+GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_qwen3_dir):
+    return AutoProcessor.from_pretrained(tiny_qwen3_dir)
+
+
+def scripted_loop(processor, first_turn: str, cfg=AgentConfig(), crop=None, always=False):
+    """A loop whose assistant writes `first_turn`, then answers (or keeps calling if `always`)."""
+
+    def respond(context: str) -> str:
+        if always or "<tool_response>" not in context:
+            return first_turn
+        return "done</think>\n<answer>A</answer>"
+
+    engine = ScriptedEngine(processor.tokenizer, respond)
+    return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg, crop=crop)
+
+
+def test_parallel_calls_run_in_one_turn_and_keep_order(processor, needle_samples):
+    turn = "look</think>\n" + call_text(40.0, 50.0) + call_text(2.0, 6.5) + call_text(20, 30)
+    (traj,) = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)
+    first = traj.turns[0]
+    assert [r.window for r in first.results] == [(40.0, 50.0), (2.0, 6.5), (20.0, 30.0)]
+    # 1 fps crops of 10 s, 4.5 s and 10 s windows: 10, 4 and 10 frames (2..16 rule).
+    assert [len(r.frames.indices) for r in first.results] == [10, 4, 10]
+    assert (traj.num_calls, traj.num_valid_calls, traj.num_tool_responses) == (3, 3, 3)
+    # Prompt clip + 3 crops, in that order, and the answer turn follows the tool responses.
+    assert len(traj.visuals) == 4
+    assert traj.turns[1].text.endswith("<answer>A</answer>")
+    assert traj.num_rounds == 1 and not traj.truncated
+
+
+def test_a_bad_call_beside_valid_ones_gets_an_error_text(processor, needle_samples):
+    bad = '<tool_call>{"name": "crop_video", "arguments": {"start_time": 9, "end_time": 3}}'
+    turn = "x</think>\n" + call_text(1, 5) + bad + "</tool_call>" + call_text(500, 600)
+    (traj,) = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)
+    results = traj.turns[0].results
+    assert results[0].ok and not results[1].ok and not results[2].ok
+    assert "start" in results[1].error and "duration" in results[2].error
+    text = processor.tokenizer.decode(list(traj.token_ids))
+    assert "Error: " + results[1].error in text and "Error: " + results[2].error in text
+
+
+def test_calls_beyond_the_cap_are_refused(processor, needle_samples):
+    turn = "x</think>\n" + "".join(call_text(i, i + 2) for i in range(7))
+    cfg = AgentConfig(max_new_tokens=1024)
+    loop = scripted_loop(processor, turn, cfg=cfg, crop=CropConfig(max_calls_per_turn=5))
+    (traj,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
+    oks = [r.ok for r in traj.turns[0].results]
+    assert oks == [True] * 5 + [False] * 2
+    assert "at most 5" in traj.turns[0].results[5].error
+
+
+def test_sequential_mode_keeps_one_call_per_turn(processor, needle_samples):
+    turn = "x</think>\n" + call_text(1, 5) + call_text(10, 15)
+    loop = scripted_loop(processor, turn, cfg=AgentConfig(sequential=True))
+    (traj,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
+    assert [r.ok for r in traj.turns[0].results] == [True, False]
+
+
+def test_forced_answer_after_the_last_round(processor, needle_samples):
+    turn = "x</think>\n" + call_text(1, 5)
+    loop = scripted_loop(processor, turn, cfg=AgentConfig(max_rounds=2), always=True)
+    (traj,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
+    # Two tool rounds, then one forced turn whose calls are not executed.
+    assert traj.num_rounds == 2 and len(traj.turns) == 3
+    assert traj.turns[2].forced_answer and traj.turns[2].calls == ()
+    assert "You have no tool calls left" in processor.tokenizer.decode(list(traj.token_ids))
+
+
+def test_total_length_guard_truncates(processor, needle_samples):
+    turn = "x</think>\n" + call_text(1, 16)
+    probe = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)[0]
+    cfg = AgentConfig(max_new_tokens=200, max_total_tokens=probe.prompt_length + 250)
+    (traj,) = scripted_loop(processor, turn, cfg=cfg).run(needle_samples[:1], [4], 1, GREEDY)
+    assert traj.truncated and traj.finish_reason == "truncated"
+    assert len(traj.token_ids) <= cfg.max_total_tokens
+    assert len(traj.turns) == 1
+
+
+def test_masks_cover_exactly_the_sampled_tokens(processor, needle_samples):
+    turn = "look</think>\n" + call_text(3, 9)
+    (traj,) = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)
+    tok = processor.tokenizer
+    trained = [t for t, m in zip(traj.token_ids, traj.loss_mask, strict=True) if m]
+    # Trained text = both assistant turns without the forced "<think>\n" prefix (mask 0),
+    # each closed by the end-of-turn token.
+    expected = "".join(t.text.removeprefix("<think>\n") + "<|im_end|>" for t in traj.turns)
+    assert tok.decode(trained) == expected
+    assert traj.response_text.startswith("<think>\nlook</think>")
+    assert sum(traj.loss_mask[: traj.prompt_length]) == 0
+
+
+def _assert_consistent(model, processor, trajs, temperature):
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+    for traj in trajs:
+        with torch.no_grad():
+            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
+        mask = batch.loss_mask[0]
+        gap = (logp[0][mask] - batch.old_logp[0][mask]).abs().max().item()
+        assert gap < 2e-4, f"{traj.sample_id}: teacher-forced log-probs differ by {gap}"
+
+
+@pytest.mark.parametrize("mode", ["frames", "subagent"])
+def test_teacher_forced_pass_reproduces_engine_logprobs(tool_caller, needle_samples, mode):
+    model, processor = tool_caller
+    engine = TransformersEngine(model, processor.tokenizer)
+    cfg = AgentConfig(mode=mode, max_rounds=2, max_new_tokens=160, subagent_max_tokens=24)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+    greedy = loop.run(needle_samples[:2], [4, 4], 1, GREEDY)
+    # The overfitted model calls the tool, in parallel, and gets responses back.
+    assert all(t.num_valid_calls >= 1 and t.num_tool_responses >= 1 for t in greedy)
+    assert max(len(t.turns[0].results) for t in greedy) >= 2 or mode == "subagent"
+    _assert_consistent(model, processor, greedy, 1.0)
+    sampled = loop.run(needle_samples[:2], [4, 8], 2, SamplingParams(temperature=0.7, seed=1))
+    assert len(sampled) == 4
+    _assert_consistent(model, processor, sampled, 0.7)
+    if mode == "subagent":
+        subs = [s for t in greedy for s in t.sub_trajectories]
+        assert subs and all(s.num_trained_tokens > 0 for s in subs)
+        assert all(r.summary is not None for t in greedy for r in t.turns[0].results if r.ok)
+        _assert_consistent(model, processor, subs, 1.0)
+    else:
+        # Raw-frame mode: the crops are part of the visual inputs of the trajectory.
+        assert all(len(t.visuals) == 1 + t.num_tool_responses for t in greedy)

@@ -1,0 +1,190 @@
+"""compute_reward: the composition, the degenerate guard, weights and user rewards."""
+
+import dataclasses
+import math
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paravt.rewards.compose import RewardInput, RewardWeights, compute_reward
+from paravt.types import RewardBreakdown
+
+GOOD = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
+TOOL = (
+    "<think>\nI need a closer look.</think>\n"
+    '<tool_call>{"name": "crop_video", "arguments": {}}</tool_call>\n'
+    "<think>\nThe crop shows red.</think>\n<answer>B</answer>"
+)
+
+
+def test_correct_tool_using_trajectory() -> None:
+    r = compute_reward(TOOL, "B", "mcq", num_valid_calls=1, num_tool_responses=1)
+    assert isinstance(r, RewardBreakdown)
+    # R_acc 1; R_fmt = 1 + 0.5 * 0.7 = 1.35; R_tool = 0.3 + 0.5 = 0.8; R = 1 + 1.35 + 0.8
+    assert (r.accuracy, r.format, r.tool) == pytest.approx((1.0, 1.35, 0.8))
+    assert r.total == pytest.approx(3.15)
+    assert not r.degenerate
+    assert r.components["total"] == pytest.approx(3.15)
+    assert r.components["format/anchor"] == pytest.approx(0.7)
+    assert r.components["degenerate"] == 0.0
+
+
+def test_wrong_tool_free_trajectory() -> None:
+    r = compute_reward(GOOD, "C", "mcq")
+    # R_acc 0; R_fmt 1.35; R_tool 0 -> 1.35
+    assert r.total == pytest.approx(1.35)
+
+
+def test_weights_scale_each_term() -> None:
+    weights = RewardWeights(fmt=2.0, tool=0.5, anchor=0.0)
+    r = compute_reward(TOOL, "B", "mcq", num_valid_calls=1, num_tool_responses=1, weights=weights)
+    # R_fmt = 1 + 0 * 0.7 = 1; R = 1 + 2 * 1 + 0.5 * 0.8 = 3.4
+    assert r.total == pytest.approx(3.4)
+    weights = RewardWeights(correct_bonus=0.0, response_reward=0.25)
+    r = compute_reward(TOOL, "B", "mcq", num_valid_calls=1, num_tool_responses=1, weights=weights)
+    assert r.tool == pytest.approx(0.25)
+
+
+def test_weights_are_plain_frozen_numbers() -> None:
+    weights = RewardWeights()
+    assert all(
+        isinstance(getattr(weights, f.name), (int, float)) for f in dataclasses.fields(weights)
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        weights.fmt = 2.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"RewardWeights\.tool must be a finite number"):
+        RewardWeights(tool=math.inf)
+
+
+def test_degenerate_scores_zero_and_skips_user_rewards() -> None:
+    called = []
+    extra = {"bonus": (lambda inp: called.append(inp) or 5.0, 1.0)}
+    r = compute_reward(
+        "<|im_start|>assistant\n<|im_start|>assistant",
+        "B",
+        "mcq",
+        num_valid_calls=2,
+        num_tool_responses=2,
+        extra=extra,
+    )
+    assert r.degenerate and r.total == 0.0 and (r.accuracy, r.format, r.tool) == (0, 0, 0)
+    assert r.components["degenerate"] == 1.0 and r.components["extra/bonus"] == 0.0
+    assert called == []
+    # Same component keys as a healthy reward, so logs line up.
+    healthy = compute_reward(GOOD, "B", "mcq", extra=extra)
+    assert set(r.components) == set(healthy.components)
+
+
+def test_forced_prefix_is_part_of_the_text() -> None:
+    # With the forced "<think>\n" prefix the anchor bonus is paid; a decode that dropped it
+    # (PARAVT.md section 9.2) would leave a stray </think> and lose it.
+    own_text = "<think>\nThe red square is at 12 s.</think><answer>B</answer>"
+    dropped = own_text.removeprefix("<think>\n")
+    assert compute_reward(own_text, "B", "mcq").format == pytest.approx(1.35)
+    # dropped: think 0 (stray closer, no block), answer 1, order 0, balance 1/2 (stray
+    # </think>) -> base (0 + 1 + 0 + 0.5) / 4 = 0.375; anchor 0
+    assert compute_reward(dropped, "B", "mcq").format == pytest.approx(0.375)
+
+
+def test_user_rewards_get_the_input_and_their_weight() -> None:
+    seen: list[RewardInput] = []
+
+    def length_penalty(inp: RewardInput) -> float:
+        seen.append(inp)
+        return -len(inp.text) / 1000
+
+    r = compute_reward(
+        GOOD,
+        "B",
+        "mcq",
+        options=["red", "blue"],
+        num_valid_calls=0,
+        extra={"length": (length_penalty, 2.0)},
+        sample_id="s1",
+    )
+    # R = 1 + 1.35 + 0 + 2 * (-len/1000)
+    assert r.total == pytest.approx(2.35 - 2 * len(GOOD) / 1000)
+    assert r.components["extra/length"] == pytest.approx(-len(GOOD) / 1000)
+    assert seen == [RewardInput(GOOD, "B", "mcq", ("red", "blue"), 0, 0, "s1")]
+
+
+def test_broken_user_rewards_are_named() -> None:
+    with pytest.raises(ValueError, match=r"user reward 'nan'.*sample 's9'"):
+        compute_reward(GOOD, "B", "mcq", extra={"nan": (lambda inp: math.nan, 1.0)}, sample_id="s9")
+    with pytest.raises(RuntimeError, match=r"user reward 'boom'.*ZeroDivisionError"):
+        compute_reward(GOOD, "B", "mcq", extra={"boom": (lambda inp: 1 / 0, 1.0)})
+
+
+def test_open_ended_and_tvg_paths() -> None:
+    r = compute_reward(
+        "<think>\nThe colour is clear.</think><answer>a red car parked</answer>",
+        "the red car",
+        "oe",
+    )
+    assert r.accuracy == pytest.approx(0.8)  # token F1, see test_accuracy
+    r = compute_reward(
+        "<think>\nIt starts near ten.</think><answer>[0, 10]</answer>", "[5, 15]", "tvg"
+    )
+    assert r.accuracy == pytest.approx(1 / 3)
+    r = compute_reward(GOOD, "x", "oe", open_ended="judge", judge=lambda p, g: 0.5)
+    assert r.accuracy == 0.5
+
+
+def test_pathological_texts_stay_linear() -> None:
+    # 20k unclosed tags: a quadratic scan (a lazy regex per tag) took ~16 s here.
+    texts = ["<answer>B" * 20000, "<tool_call>" * 20000 + "x", "<think>x" * 20000, "1:" * 50000]
+    started = time.monotonic()
+    for text in texts:
+        for kind in ("mcq", "tvg", "oe"):
+            assert math.isfinite(compute_reward(text, "B", kind).total)
+    assert time.monotonic() - started < 8.0  # linear: ~2 s on a busy 2-core machine
+
+
+_TAGGY = st.lists(
+    st.sampled_from(
+        [
+            "<think>",
+            "</think>",
+            "<answer>",
+            "</answer>",
+            "<tool_call>",
+            "</tool_call>",
+            "thinking hard",
+            "B",
+            "[1, 2]",
+            "\n",
+            "<|im_start|>",
+            "user",
+            "nan",
+            "inf",
+        ]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.one_of(st.text(max_size=300), _TAGGY),
+    gold=st.text(max_size=20),
+    kind=st.sampled_from(["mcq", "tvg", "oe"]),
+    calls=st.integers(-2, 6),
+    responses=st.integers(-2, 6),
+)
+def test_never_raises_never_nan(
+    text: str, gold: str, kind: str, calls: int, responses: int
+) -> None:
+    r = compute_reward(
+        text,
+        gold,
+        kind,
+        options=("red", "blue"),
+        num_valid_calls=calls,
+        num_tool_responses=responses,
+    )
+    assert math.isfinite(r.total)
+    assert all(math.isfinite(v) for v in r.components.values())
+    # Bounds with the default weights: R_acc in [0, 1], R_fmt in [-0.15, 1.35], R_tool in [0, 0.8]
+    assert -0.15 - 1e-9 <= r.total <= 3.15 + 1e-9

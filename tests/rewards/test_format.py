@@ -1,0 +1,183 @@
+"""format_reward terms and the degenerate-completion guard."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paravt.rewards.format import FormatTerms, format_reward, is_degenerate
+
+GOOD = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
+TOOL = (
+    "<think>\nI need a closer look.</think>\n"
+    '<tool_call>{"name": "crop_video", "arguments": {}}</tool_call>\n'
+    '<tool_call>{"name": "crop_video", "arguments": {}}</tool_call>\n'
+    "<think>\nThe second crop shows red.</think>\n<answer>B</answer>"
+)
+
+
+def test_perfect_single_turn() -> None:
+    terms = format_reward(GOOD)
+    assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 1.0, 1.0)
+    assert terms.base == 1.0
+    assert (terms.closed_think, terms.flow, terms.unclosed_think) == (1.0, 1.0, 0.0)
+    # anchor = 0.4 + 0.3 = 0.7; total = 1 + 0.5 * 0.7 = 1.35
+    assert terms.anchor == pytest.approx(0.7)
+    assert terms.total == pytest.approx(1.35)
+
+
+def test_perfect_multi_turn_with_parallel_calls() -> None:
+    assert format_reward(TOOL).total == pytest.approx(1.35)
+
+
+def test_tool_call_before_any_think_loses_order() -> None:
+    text = '<tool_call>{"name": "crop_video"}</tool_call>\n<think>\nNow it is clear.</think>'
+    terms = format_reward(text + "<answer>B</answer>")
+    assert terms.order == 0.0
+    # think 1, answer 1, order 0, balance 1 -> base 3/4; anchor 0.4 + 0.3 (think precedes answer)
+    assert terms.base == pytest.approx(0.75)
+    assert terms.total == pytest.approx(0.75 + 0.5 * 0.7)
+
+
+def test_unclosed_think_penalty() -> None:
+    terms = format_reward("<think>\nI keep thinking forever <answer>B</answer>")
+    # think content runs to the next tag: "I keep thinking forever" >= 10 chars -> think 1;
+    # answer 1; order 0 (no closed think before the answer); balance: think unbalanced,
+    # answer balanced -> 1/2. base = (1 + 1 + 0 + 0.5) / 4 = 0.625
+    assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 0.0, 0.5)
+    assert terms.base == pytest.approx(0.625)
+    # anchor = -0.3 (no closed think, no flow); total = 0.625 - 0.15 = 0.475
+    assert (terms.closed_think, terms.flow, terms.unclosed_think) == (0.0, 0.0, 1.0)
+    assert terms.total == pytest.approx(0.475)
+
+
+def test_short_think_is_not_substantive() -> None:
+    terms = format_reward("<think>\nok</think><answer>B</answer>")
+    # "ok" < 10 chars: think 0, closed_think 0; flow still 1 (closed think precedes answer)
+    # base = (0 + 1 + 1 + 1) / 4 = 0.75; anchor 0.3; total = 0.75 + 0.15 = 0.9
+    assert (terms.think, terms.closed_think, terms.flow) == (0.0, 0.0, 1.0)
+    assert terms.total == pytest.approx(0.9)
+    # exactly 10 characters counts (the boundary is >=)
+    assert format_reward("<think>0123456789</think>").think == 1.0
+    assert format_reward("<think>012345678</think>").think == 0.0
+
+
+def test_empty_answer_gets_no_answer_credit_nor_flow() -> None:
+    terms = format_reward("<think>\nlong enough thought</think><answer>  </answer>")
+    assert (terms.answer, terms.flow) == (0.0, 0.0)
+
+
+def test_drifted_tool_code_and_missing_closers() -> None:
+    text = "<think>\nLet me crop the video.</think>\n<tool_code>crop_video(1, 2)</tool_code>"
+    terms = format_reward(text)
+    # <tool_code> is not a tool call and there is no answer: no action -> order 0;
+    # think 1, answer 0, balance 1 (only think present, balanced) -> base 2/4 = 0.5
+    assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 0.0, 0.0, 1.0)
+    assert terms.total == pytest.approx(0.5 + 0.5 * 0.4)
+    unclosed_call = format_reward("<think>\nLet me crop it.</think><tool_call>{")
+    # think balanced, tool_call unbalanced -> balance 1/2; order 1 (closed think first)
+    assert (unclosed_call.balance, unclosed_call.order) == (0.5, 1.0)
+
+
+def test_balance_details() -> None:
+    # A stray closer and a nested opener both unbalance their pair.
+    assert format_reward("</think><answer>B</answer>").balance == pytest.approx(0.5)
+    assert format_reward("<answer><answer>B</answer>").balance == 0.0
+    # No tags at all: no balance credit (tag-free text is not well formatted).
+    assert format_reward("just text").balance == 0.0
+    assert format_reward("").total == 0.0
+
+
+def test_weights_are_parameters() -> None:
+    terms = format_reward(
+        "<think>\nok</think><answer>B</answer>",
+        think_weight=2.0,
+        answer_weight=1.0,
+        order_weight=0.0,
+        balance_weight=1.0,
+        anchor_weight=1.0,
+        flow_bonus=0.5,
+    )
+    # base = (2*0 + 1*1 + 0*1 + 1*1) / 4 = 0.5; anchor = 0.5 (flow only); total = 0.5 + 1*0.5
+    assert terms.base == pytest.approx(0.5)
+    assert terms.total == pytest.approx(1.0)
+    zero = format_reward(GOOD, think_weight=0, answer_weight=0, order_weight=0, balance_weight=0)
+    assert zero.base == 0.0
+    with pytest.raises(ValueError, match="order_weight must be a finite number >= 0"):
+        format_reward(GOOD, order_weight=-1.0)
+    with pytest.raises(ValueError, match="anchor_weight"):
+        format_reward(GOOD, anchor_weight=math.nan)
+
+
+def test_as_dict_has_every_term() -> None:
+    d = format_reward(GOOD).as_dict()
+    assert d["format/total"] == pytest.approx(1.35)
+    assert len(d) == len(FormatTerms.__dataclass_fields__) == 10
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   \n ",
+        "<think>\n",  # the forced prefix alone
+        "<|im_start|>assistant",
+        "<|im_start|>assistant\n<|im_start|>assistant\n",
+        "user\nuser\nuser\nuser\n",
+        "assistant\nB",  # a short echo of a role line
+        "<|video_pad|><|video_pad|><|video_pad|>",
+        "user\nuser\nuser\nassistant\nsome words here",  # mostly role lines
+    ],
+)
+def test_degenerate(text: str) -> None:
+    assert is_degenerate(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "B",
+        GOOD,
+        TOOL,
+        GOOD + "<|im_end|>",  # end-of-turn tokens are healthy
+        "<think>\nThe user asked about colour; the user wants the red one.</think>",
+        "Here the assistant would answer: the red square appears at twelve seconds.\nuser",
+    ],
+)
+def test_not_degenerate(text: str) -> None:
+    assert not is_degenerate(text)
+
+
+_TAGGY = st.lists(
+    st.sampled_from(
+        [
+            "<think>",
+            "</think>",
+            "<answer>",
+            "</answer>",
+            "<tool_call>",
+            "</tool_call>",
+            "x" * 12,
+            "B",
+            "\n",
+            "<|im_start|>",
+            "user",
+            "<tool_code>",
+            " ",
+        ]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=300), _TAGGY))
+def test_format_reward_is_total_and_bounded(text: str) -> None:
+    terms = format_reward(text)
+    values = list(terms.as_dict().values())
+    assert all(math.isfinite(v) for v in values)
+    assert 0.0 <= terms.base <= 1.0
+    # total in [-0.5 * 0.3, 1 + 0.5 * 0.7]
+    assert -0.15 - 1e-9 <= terms.total <= 1.35 + 1e-9
+    assert isinstance(is_degenerate(text), bool)

@@ -1,0 +1,162 @@
+"""LLMJudge against a real OpenAI-like HTTP server on 127.0.0.1."""
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from paravt.rewards.accuracy import accuracy_reward
+from paravt.rewards.judge import LLMJudge, parse_verdict
+
+# Path prefix -> what the server does; the judge's base_url picks the behaviour.
+REPLIES = {
+    "/correct": "CORRECT",
+    "/partial": "Verdict: partial",
+    "/incorrect": "INCORRECT - the colours differ",
+    "/number": "0.4",
+    "/babble": "I cannot tell.",
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    requests: ClassVar[list[tuple[str, dict, dict]]] = []
+
+    def log_message(self, format: str, *args: object) -> None:  # keep test output clean
+        pass
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        payload = json.loads(self.rfile.read(length))
+        _Handler.requests.append((self.path, dict(self.headers), payload))
+        prefix = "/" + self.path.strip("/").split("/")[0]
+        if prefix == "/slow":
+            time.sleep(0.6)
+        if prefix == "/error":
+            self._send(500, b'{"error": "boom"}')
+            return
+        if prefix == "/notjson":
+            self._send(200, b"<html>hello</html>")
+            return
+        content = REPLIES.get(prefix, "CORRECT")
+        reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+        self._send(200, json.dumps(reply).encode())
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_request_is_an_openai_chat_completion(server_url: str) -> None:
+    _Handler.requests.clear()
+    judge = LLMJudge(f"{server_url}/correct/v1/", model="judge-model", api_key="k-123")
+    assert judge("crimson", "red", question="What colour?") == 1.0
+    path, headers, payload = _Handler.requests[-1]
+    assert path == "/correct/v1/chat/completions"  # trailing slash of base_url dropped
+    assert headers["Authorization"] == "Bearer k-123"
+    assert payload["model"] == "judge-model"
+    assert payload["temperature"] == 0
+    assert [m["role"] for m in payload["messages"]] == ["system", "user"]
+    user = payload["messages"][1]["content"]
+    assert "What colour?" in user and "crimson" in user and "red" in user
+    assert (judge.num_calls, judge.num_fallbacks) == (1, 0)
+
+
+def test_no_api_key_sends_no_authorization(server_url: str) -> None:
+    _Handler.requests.clear()
+    LLMJudge(f"{server_url}/correct/v1", model="m")("a", "b")
+    assert "Authorization" not in _Handler.requests[-1][1]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [("/correct", 1.0), ("/partial", 0.5), ("/incorrect", 0.0), ("/number", 0.5)],
+)
+def test_verdicts(server_url: str, prefix: str, expected: float) -> None:
+    # "/number" replies 0.4, snapped to the nearest level 0.5.
+    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m")
+    assert judge("crimson", "red") == expected
+    assert judge.num_fallbacks == 0
+
+
+@pytest.mark.parametrize("prefix", ["/slow", "/error", "/notjson", "/babble"])
+def test_failures_fall_back_to_token_f1_and_are_counted(server_url: str, prefix: str) -> None:
+    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m", timeout=0.2)
+    started = time.monotonic()
+    # pred {red, car, parked} vs gold {red, car}: P = 2/3, R = 1, F1 = 0.8
+    assert judge("a red car parked", "the red car") == pytest.approx(0.8)
+    assert time.monotonic() - started < 0.55  # the slow endpoint was abandoned at the timeout
+    assert (judge.num_calls, judge.num_fallbacks) == (1, 1)
+    assert judge.last_error
+
+
+def test_http_500_reports_the_error(server_url: str) -> None:
+    judge = LLMJudge(f"{server_url}/error/v1", model="m")
+    judge("x", "y")
+    assert "500" in judge.last_error
+
+
+def test_unreachable_endpoint_falls_back() -> None:
+    # Port 9 on 127.0.0.1 has no listener here: connection refused.
+    judge = LLMJudge("http://127.0.0.1:9/v1", model="m", timeout=0.2)
+    assert judge("red", "red car") == pytest.approx(2 / 3)  # P = 1, R = 1/2 -> F1 = 2/3
+    assert judge.num_fallbacks == 1
+
+
+def test_judge_plugs_into_accuracy_reward(server_url: str) -> None:
+    judge = LLMJudge(f"{server_url}/partial/v1", model="m")
+    assert accuracy_reward("crimson", "red", "oe", open_ended="judge", judge=judge) == 0.5
+
+
+def test_counters_are_exact_across_threads(server_url: str) -> None:
+    judge = LLMJudge(f"{server_url}/error/v1", model="m")
+    threads = [threading.Thread(target=judge, args=("x", "y")) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (judge.num_calls, judge.num_fallbacks) == (8, 8)
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("CORRECT", 1.0),
+        ("incorrect.", 0.0),  # INCORRECT is not read as CORRECT
+        ("Partially correct", 0.5),  # not read as CORRECT
+        ("The answer is not correct", 0.0),
+        ("1", 1.0),
+        ("0.5", 0.5),
+        ("0.2", 0.0),
+        ("score 0.8", 1.0),
+        ("7", None),
+        ("", None),
+        ("no idea", None),
+    ],
+)
+def test_parse_verdict(reply: str, expected: float | None) -> None:
+    assert parse_verdict(reply) == expected
+
+
+def test_bad_configuration_is_named() -> None:
+    with pytest.raises(ValueError, match="must start with http"):
+        LLMJudge("127.0.0.1:8000/v1", model="m")
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        LLMJudge("http://127.0.0.1:8000/v1", model="m", timeout=0)

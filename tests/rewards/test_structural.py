@@ -1,0 +1,142 @@
+"""The token-level structural anchor: token ids, the mask and the loss, computed by hand."""
+
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from paravt.rewards.structural import (
+    NORMALIZERS,
+    STRUCTURAL_TAGS,
+    structural_anchor_loss,
+    structural_mask,
+    structural_token_ids,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A tiny word-level tokenizer built here (no download) with the tags as added tokens."""
+    words = ["[UNK]", "the", "answer", "is", "red", "crop", "<tool_code>"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]")
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", *STRUCTURAL_TAGS]})
+    return tok
+
+
+def test_structural_token_ids_are_the_added_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = structural_token_ids(tokenizer)
+    assert ids == [tokenizer.convert_tokens_to_ids(tag) for tag in STRUCTURAL_TAGS]
+    assert len(set(ids)) == 5
+    # In context the tag stays one id: "red</answer>" -> [red, </answer>]
+    assert tokenizer.encode("red</answer>", add_special_tokens=False)[-1] == ids[2]
+    assert structural_token_ids(tokenizer, ["</answer>", "</think>"]) == [ids[2], ids[0]]
+
+
+def test_missing_tag_is_named(tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(ValueError, match=r"'</tool_response>' is not a single added token"):
+        structural_token_ids(tokenizer, ["</think>", "</tool_response>"])
+    # "<tool_code>" is a plain vocabulary word, not an added token: refused too.
+    with pytest.raises(ValueError, match=r"'<tool_code>'.*tokenizer\.add_tokens"):
+        structural_token_ids(tokenizer, ["<tool_code>"])
+
+
+# ------------------------------------------------------------------ mask and loss by hand
+
+S1, S2 = 90, 91  # structural ids in the hand-built batch
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    token_ids = torch.tensor(
+        [
+            [S1, 5, S2, 6, S1, 0],  # S1 at t=0 is prompt (mask 0); trained at 2 and 4
+            [7, S2, 8, S1, 0, 0],  # trained at 1 and 3
+            [S2, 9, 9, 9, 9, 9],  # trained at 0
+        ]
+    )
+    loss_mask = torch.tensor(
+        [
+            [0, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 1],
+        ]
+    )
+    return token_ids, loss_mask
+
+
+def test_structural_mask_by_hand() -> None:
+    token_ids, loss_mask = _batch()
+    mask = structural_mask(token_ids, loss_mask, [S1, S2])
+    expected = torch.zeros(3, 6, dtype=torch.bool)
+    expected[0, 2] = expected[0, 4] = expected[1, 1] = expected[1, 3] = expected[2, 0] = True
+    assert torch.equal(mask, expected)
+    # Rollout 1 is not well-formed: its positions go.
+    mask = structural_mask(token_ids, loss_mask, [S1, S2], torch.tensor([True, False, True]))
+    expected[1] = False
+    assert torch.equal(mask, expected)
+    assert not structural_mask(token_ids, loss_mask, []).any()
+
+
+def test_structural_mask_shape_errors() -> None:
+    token_ids, loss_mask = _batch()
+    with pytest.raises(ValueError, match=r"must both be \[N, T\]"):
+        structural_mask(token_ids, loss_mask[:, :3], [S1])
+    with pytest.raises(ValueError, match="one flag per rollout"):
+        structural_mask(token_ids, loss_mask, [S1], torch.tensor([True, False]))
+
+
+def _logp() -> torch.Tensor:
+    logp = torch.full((3, 6), -9.0)
+    logp[0, 2], logp[0, 4] = -1.0, -2.0  # rollout 0: sum -3, mean -1.5
+    logp[1, 1], logp[1, 3] = -0.5, -0.5  # rollout 1: sum -1, mean -0.5
+    logp[2, 0] = -4.0  # rollout 2: sum -4, mean -4
+    logp[2, 5] = -math.inf  # padding-like -inf at an unmasked position must not leak NaN
+    return logp.requires_grad_()
+
+
+@pytest.mark.parametrize(
+    ("normalize", "expected"),
+    [
+        ("sum", 2 * 8.0),  # -2 * (-3 - 1 - 4) = 16
+        ("token_mean", 2 * 8.0 / 5),  # 5 positions: -2 * (-8 / 5) = 3.2
+        ("seq_mean", 2 * (1.5 + 0.5 + 4.0) / 3),  # -2 * mean(-1.5, -0.5, -4) = 4
+    ],
+)
+def test_anchor_loss_by_hand(normalize: str, expected: float) -> None:
+    token_ids, loss_mask = _batch()
+    mask = structural_mask(token_ids, loss_mask, [S1, S2])
+    logp = _logp()
+    loss = structural_anchor_loss(logp, mask, coef=2.0, normalize=normalize)
+    assert loss.item() == pytest.approx(expected)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    assert (logp.grad[~mask] == 0).all()
+    if normalize == "token_mean":
+        # d loss / d logp at each position = -coef / count = -2 / 5
+        assert torch.allclose(logp.grad[mask], torch.full((5,), -0.4))
+
+
+def test_seq_mean_ignores_rollouts_without_positions() -> None:
+    mask = torch.tensor([[True, True], [False, False]])
+    logp = torch.tensor([[-1.0, -3.0], [-7.0, -7.0]])
+    # only rollout 0 counts: -1 * mean(-1, -3) = 2
+    assert structural_anchor_loss(logp, mask, 1.0, "seq_mean").item() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("normalize", sorted(NORMALIZERS))
+def test_no_positions_gives_zero_not_nan(normalize: str) -> None:
+    logp = torch.full((2, 4), -math.inf).requires_grad_()
+    loss = structural_anchor_loss(logp, torch.zeros(2, 4, dtype=torch.bool), 0.5, normalize)
+    assert loss.item() == 0.0
+    loss.backward()  # still part of the graph
+    assert (logp.grad == 0).all()
+
+
+def test_anchor_loss_errors() -> None:
+    with pytest.raises(ValueError, match="choose one of: token_mean, seq_mean, sum"):
+        structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), 1.0, "max")
+    with pytest.raises(ValueError, match="must match"):
+        structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 3, dtype=torch.bool), 1.0)

@@ -1,0 +1,49 @@
+"""Tests of paravt.rl.metrics (named test_rl_metrics so it cannot clash with other test_metrics)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from paravt.rl.metrics import f_tau, kappa, per_budget
+
+
+def test_f_tau_and_kappa_hand_computed() -> None:
+    # (0.2 + 0.4 + 0.9) / 3 = 0.5; (0 + 2 + 1 + 1) / 4 = 1.0
+    assert f_tau([0.2, 0.4, 0.9]) == pytest.approx(0.5)
+    assert kappa([0, 2, 1, 1]) == 1.0
+    assert f_tau(torch.tensor([[1.0, 0.0], [0.0, 0.0]])) == 0.25  # any shape, flattened
+    assert kappa(torch.tensor([3])) == 3.0
+
+
+def test_empty_inputs_are_zero_not_nan() -> None:
+    for value in (f_tau([]), kappa([]), f_tau(torch.tensor([])), kappa(torch.zeros(0, 8))):
+        assert value == 0.0 and not math.isnan(value)
+    assert per_budget([], []) == {}
+
+
+def test_per_budget_hand_computed() -> None:
+    # K=4: (1 + 3) / 2 = 2; K=8: (2 + 4) / 2 = 3; K=64: 10
+    got = per_budget([1.0, 2.0, 3.0, 4.0, 10.0], torch.tensor([4, 8, 4, 8, 64]))
+    assert got == {4: 2.0, 8: 3.0, 64: 10.0}
+    assert list(got) == [4, 8, 64]
+
+
+def test_per_budget_matches_loop() -> None:
+    torch.manual_seed(0)
+    values = torch.rand(100)
+    budgets = torch.tensor([4, 8, 16, 32, 64])[torch.randint(0, 5, (100,))]
+    loop: dict[int, list[float]] = {}
+    for v, k in zip(values.tolist(), budgets.tolist(), strict=True):
+        loop.setdefault(k, []).append(v)
+    expected = {k: sum(vs) / len(vs) for k, vs in sorted(loop.items())}
+    got = per_budget(values, budgets)
+    assert got.keys() == expected.keys()
+    assert all(got[k] == pytest.approx(expected[k]) for k in expected)
+
+
+def test_per_budget_length_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"values \(2\) and budgets \(3\)"):
+        per_budget([1.0, 2.0], [4, 8, 16])
