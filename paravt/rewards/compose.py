@@ -29,9 +29,9 @@ from paravt.types import RewardBreakdown
 class RewardWeights:
     """Every coefficient of the reward; defaults are the reference recipe."""
 
-    fmt: float = 1.0  # w_fmt on R_fmt
-    tool: float = 1.0  # w_tool on R_tool
-    anchor: float = 0.5  # lambda_anchor on the string-level anchor bonus inside R_fmt
+    format_weight: float = 1.0  # w_fmt on R_fmt
+    tool_weight: float = 1.0  # w_tool on R_tool
+    anchor_weight: float = 0.5  # lambda_anchor on the string-level anchor bonus inside R_fmt
     think: float = 1.0  # weights of the four base format credits (their weighted mean)
     answer: float = 1.0
     order: float = 1.0
@@ -75,7 +75,7 @@ def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
         answer_weight=w.answer,
         order_weight=w.order,
         balance_weight=w.balance,
-        anchor_weight=w.anchor,
+        anchor_weight=w.anchor_weight,
         closed_think_bonus=w.closed_think_bonus,
         flow_bonus=w.flow_bonus,
         unclosed_think_penalty=w.unclosed_think_penalty,
@@ -155,7 +155,7 @@ def compute_reward(
         text, gold, question_type, tuple(options), num_valid_calls, num_tool_responses, sample_id
     )
     user = _user_rewards(extra, reward_input)
-    total = accuracy + weights.fmt * fmt.total + weights.tool * tool
+    total = accuracy + weights.format_weight * fmt.total + weights.tool_weight * tool
     total += sum(value * w for value, w in user.values())
     parts = _components(accuracy, fmt, tool, user)
     return RewardBreakdown(

@@ -24,7 +24,7 @@ def processor(tiny_qwen3_dir):
     return AutoProcessor.from_pretrained(tiny_qwen3_dir)
 
 
-def scripted_loop(processor, first_turn: str, cfg=AgentConfig(), crop=None, always=False):
+def scripted_loop(processor, first_turn: str, cfg=None, crop=None, always=False):
     """A loop whose assistant writes `first_turn`, then answers (or keeps calling if `always`)."""
 
     def respond(context: str) -> str:
@@ -33,6 +33,7 @@ def scripted_loop(processor, first_turn: str, cfg=AgentConfig(), crop=None, alwa
         return "done</think>\n<answer>A</answer>"
 
     engine = ScriptedEngine(processor.tokenizer, respond)
+    cfg = cfg or AgentConfig()
     return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg, crop=crop)
 
 

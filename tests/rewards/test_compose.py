@@ -38,7 +38,7 @@ def test_wrong_tool_free_trajectory() -> None:
 
 
 def test_weights_scale_each_term() -> None:
-    weights = RewardWeights(fmt=2.0, tool=0.5, anchor=0.0)
+    weights = RewardWeights(format_weight=2.0, tool_weight=0.5, anchor_weight=0.0)
     r = compute_reward(TOOL, "B", "mcq", num_valid_calls=1, num_tool_responses=1, weights=weights)
     # R_fmt = 1 + 0 * 0.7 = 1; R = 1 + 2 * 1 + 0.5 * 0.8 = 3.4
     assert r.total == pytest.approx(3.4)
@@ -53,9 +53,9 @@ def test_weights_are_plain_frozen_numbers() -> None:
         isinstance(getattr(weights, f.name), (int, float)) for f in dataclasses.fields(weights)
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
-        weights.fmt = 2.0  # type: ignore[misc]
-    with pytest.raises(ValueError, match=r"RewardWeights\.tool must be a finite number"):
-        RewardWeights(tool=math.inf)
+        weights.format_weight = 2.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"RewardWeights\.tool_weight must be a finite number"):
+        RewardWeights(tool_weight=math.inf)
 
 
 def test_degenerate_scores_zero_and_skips_user_rewards() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paravt.video.synthetic import write_video
+from paravt.video.writer import write_video
 
 # 20 frames at 2.5 fps (8.0 s), 48 x 64; frame i is flat grey level 10 * i so a decoded frame
 # tells its own index: level / 10.

@@ -1,0 +1,122 @@
+"""RolloutDataModule: prompt batches for RL, in a resumable, deterministic order.
+
+Every training step receives a `PromptBatch` of B samples; the module turns it into B x G
+trajectories with the current weights (generation happens in the LightningModule's step, so the
+loader's prefetch only reads prompts ahead). The order of prompts is a function of (seed, epoch),
+and the number of batches consumed is checkpointed, so a resumed run continues the same sequence
+of prompts with no repeats. Bad rows are reported by `load_samples` and skipped at setup.
+The synthetic needle data is generated on first use when `generate` is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, Dataset
+
+from paravt.data.datasets import epoch_order, load_samples
+from paravt.types import Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The prompts of one RL step: `step` counts batches from the start of training."""
+
+    step: int
+    epoch: int
+    samples: tuple[Sample, ...]
+
+
+class _StepBatches(Dataset):
+    """Item i is the prompt batch of step `start + i`."""
+
+    def __init__(self, samples, batch_size: int, seed: int, shuffle: bool, start: int, steps: int):
+        self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
+        self.start, self.steps = start, steps
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> PromptBatch:
+        step = self.start + i
+        n = len(self.samples)
+        first = step * self.batch_size
+        picked, epoch = [], first // n
+        for pos in range(first, first + self.batch_size):
+            e, k = divmod(pos, n)
+            if e not in self._orders:
+                self._orders[e] = epoch_order(n, e, self.seed, self.shuffle)
+            picked.append(self.samples[self._orders[e][k]])
+        return PromptBatch(step=step, epoch=epoch, samples=tuple(picked))
+
+
+class RolloutDataModule(pl.LightningDataModule):
+    """Loads RL prompts (ParaVT or verl layout, parquet or jsonl) and serves `PromptBatch`es."""
+
+    def __init__(
+        self,
+        train_path: str,
+        eval_path: str | None = None,
+        batch_size: int = 7,
+        max_steps: int = 100,
+        seed: int = 0,
+        shuffle: bool = True,
+        layout: str = "auto",
+        generate: Mapping[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.train_path, self.eval_path = train_path, eval_path
+        self.batch_size, self.max_steps = batch_size, max_steps
+        self.seed, self.shuffle, self.layout = seed, shuffle, layout
+        self.generate = dict(generate) if generate else None
+        self.budget_sampler: Callable[[str, int], int] | None = None
+        self.consumed = 0
+        self.train_samples: list[Sample] = []
+        self.eval_samples: list[Sample] = []
+
+    def prepare_data(self) -> None:
+        if self.generate and not Path(self.train_path).exists():
+            from paravt.video.synthetic import NeedleConfig, generate
+
+            out = Path(self.train_path).parent
+            log.info("generating synthetic needle data in %s", out)
+            generate(NeedleConfig(**self.generate), out)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_samples:
+            return
+        if not Path(self.train_path).exists():
+            raise FileNotFoundError(
+                f"data.train_path {self.train_path!r} does not exist; point it at a parquet/jsonl "
+                "file in the ParaVT or verl layout (or set data.generate to make needle data)"
+            )
+        self.train_samples, report = load_samples(self.train_path, layout=self.layout)
+        log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)
+        if not self.train_samples:
+            raise ValueError(f"no usable training prompts in {self.train_path}: {report.skipped}")
+        if self.eval_path and Path(self.eval_path).exists():
+            self.eval_samples, _ = load_samples(self.eval_path, layout=self.layout)
+
+    def train_dataloader(self) -> DataLoader:
+        remaining = max(0, self.max_steps - self.consumed)
+        data = _StepBatches(
+            self.train_samples, self.batch_size, self.seed, self.shuffle, self.consumed, remaining
+        )
+        return DataLoader(data, batch_size=None, shuffle=False, num_workers=0)
+
+    def on_batch_consumed(self, batch: PromptBatch) -> None:
+        self.consumed = batch.step + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.consumed = int(state_dict.get("consumed", 0))

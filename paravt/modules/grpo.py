@@ -1,0 +1,308 @@
+"""GRPOModule: the LightningModule of PARA-GRPO (rollout -> reward -> advantage -> update -> sync).
+
+Rollouts are generated inside `training_step` with the weights after update t-1, so Lightning's
+one-batch prefetch (which only prefetches prompts) cannot make them stale; the engine's weight
+version is recorded with every batch. Optimisation is manual: PPO epochs over the rollout batch,
+micro-batches by a trajectory count, gradient clipping, one optimiser step per PPO epoch. The
+arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file sequences it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import lightning.pytorch as pl
+import torch
+
+from callbacks.records import RolloutRecord
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.render import ChatRenderer
+from paravt.agent.tools import CropConfig
+from paravt.models.loading import PolicySpec, load_policy
+from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.rewards.compose import RewardWeights, compute_reward
+from paravt.rewards.structural import STRUCTURAL_TAGS, structural_anchor_loss, structural_mask
+from paravt.rl.kl import kl_penalty
+from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
+from paravt.rl.objective import AdvantageConfig, compute_advantages, rollout_metrics
+from paravt.rollout.engine import SamplingParams
+from paravt.rollout.hf import TransformersEngine
+from paravt.types import RewardBreakdown, Sample, Trajectory
+from paravt.video.reader import VideoReader
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Grouped sampling: G rollouts per prompt at `temperature`, with the agent and crop tool."""
+
+    group_size: int = 8
+    temperature: float = 0.7
+    default_budget: int = 8
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    crop: CropConfig | None = None
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The policy objective: loss variant, clipping, KL, structural anchor, PPO schedule."""
+
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    iw_cap: float | None = 5.0
+    aggregation: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    kl_in_reward: bool = True
+    anchor_coef: float = 0.0
+    anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
+    ppo_epochs: int = 1
+    micro_batch_size: int = 4
+    max_grad_norm: float = 1.0
+    train_subagents: bool = False
+
+
+class GRPOModule(pl.LightningModule):
+    """Policy (+ frozen reference when KL is on), the agent loop and the PARA-GRPO update."""
+
+    def __init__(
+        self,
+        model: PolicySpec,
+        rollout: RolloutConfig,
+        algorithm: AlgorithmConfig,
+        reward: RewardWeights,
+        optimizer: Callable,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        self.spec, self.rollout_cfg, self.algo = model, rollout, algorithm
+        self.reward_weights = reward
+        self.anchor_coef = algorithm.anchor_coef
+        self.optimizer_factory = optimizer
+        self.seed = seed
+        self.policy, self.processor = load_policy(model)
+        self.reference = None
+        if algorithm.kl_coef > 0:
+            self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        tok = self.processor.tokenizer
+        self.token_ids = TokenIds.from_tokenizer(tok)
+        self.struct_ids = [tok.convert_tokens_to_ids(t) for t in algorithm.anchor_tags]
+        self.engine = TransformersEngine(self.policy, tok)
+        renderer = ChatRenderer(self.processor)
+        crop = rollout.crop or CropConfig(factor=renderer.frame_factor)
+        self.agent = AgentLoop(self.engine, renderer, VideoReader(), rollout.agent, crop)
+        self.last_rollout: RolloutRecord | None = None
+        self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # prompts hold no tensors; rollouts are built on the policy's device
+
+    def configure_optimizers(self):
+        return self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+
+    # ---- the step, as phases ----------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        timer = _Timer()
+        samples, step = list(batch.samples), batch.step
+        budgets = self._budgets(samples, batch.epoch)
+        with timer("rollout"):
+            trajs = self._rollout(samples, budgets, step)
+        with timer("reward"):
+            rewards = [self.score(t, s) for t, s in zip(trajs, self._repeat(samples), strict=True)]
+        with timer("logprobs"):
+            totals = self._rewards_with_kl(trajs, rewards)
+        adv = compute_advantages(totals.view(len(samples), -1), self.algo.advantage)
+        with timer("update"):
+            update = self._update(trajs, adv.values, adv.keep)
+        with timer("sync"):
+            self.engine.sync_weights(self.policy, self.engine.weight_version + 1)
+        self.last_rollout = self._record(step, trajs, rewards, samples, budgets)
+        if hasattr(self.trainer.datamodule, "on_batch_consumed"):
+            self.trainer.datamodule.on_batch_consumed(batch)
+        metrics = rollout_metrics(trajs, rewards, budgets, self.rollout_cfg.group_size)
+        metrics |= update | timer.metrics() | _adv_metrics(adv)
+        metrics["weight_version"] = float(self.rollout_versions[-1][1])
+        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
+        self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
+        return None
+
+    def _budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
+        dm = getattr(self.trainer, "datamodule", None)
+        sampler = getattr(dm, "budget_sampler", None)
+        if sampler is None:
+            return [self.rollout_cfg.default_budget] * len(samples)
+        return [int(sampler(s.id, epoch)) for s in samples]
+
+    def _rollout(self, samples, budgets, step: int) -> list[Trajectory]:
+        self.rollout_versions.append((step, self.engine.weight_version))
+        params = SamplingParams(
+            temperature=self.rollout_cfg.temperature, seed=self.seed * 100_003 + step
+        )
+        return self.agent.run(samples, budgets, self.rollout_cfg.group_size, params)
+
+    def _repeat(self, samples: Sequence[Sample]) -> list[Sample]:
+        return [s for s in samples for _ in range(self.rollout_cfg.group_size)]
+
+    def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
+        return compute_reward(
+            traj.response_text,
+            sample.answer,
+            sample.question_type,
+            options=sample.options,
+            num_valid_calls=traj.num_valid_calls,
+            num_tool_responses=traj.num_tool_responses,
+            weights=self.reward_weights,
+            sample_id=sample.id,
+        )
+
+    def _rewards_with_kl(self, trajs, rewards) -> torch.Tensor:
+        totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
+        if self.reference is None or not self.algo.kl_in_reward:
+            return totals
+        kls = []
+        with torch.no_grad():
+            for mb in _chunks(trajs, self.algo.micro_batch_size):
+                logp, batch, _ = self._logp(self.policy, mb)
+                ref, _, _ = self._logp(self.reference, mb)
+                per_token = kl_penalty(logp, ref, self.algo.kl_estimator, batch.loss_mask)
+                kls.append(per_token.sum(-1).cpu())
+        return totals - self.algo.kl_coef * torch.cat(kls)
+
+    def _logp(self, model, trajs, logits: bool = False):
+        return trajectory_logprobs(
+            model, trajs, self.token_ids, self.rollout_cfg.temperature, return_logits=logits
+        )
+
+    # ---- the update -------------------------------------------------------------------------
+    def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
+        items = [(t, a) for t, a, k in zip(trajs, adv.tolist(), keep.tolist(), strict=True) if k]
+        if self.algo.train_subagents:
+            items += [(s, a) for t, a, _ in zip(trajs, adv.tolist(), keep.tolist(), strict=True)
+                      for s in t.sub_trajectories]
+        total_tokens = sum(t.num_trained_tokens for t, _ in items)
+        opt = self.optimizers()
+        sums: dict[str, float] = {}
+        for _ in range(self.algo.ppo_epochs):
+            for mb in _chunks(items, self.algo.micro_batch_size):
+                weight = sum(t.num_trained_tokens for t, _ in mb) / max(total_tokens, 1)
+                for k, v in self._micro_step([t for t, _ in mb], [a for _, a in mb], weight):
+                    sums[k] = sums.get(k, 0.0) + v * weight / self.algo.ppo_epochs
+            self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
+            sums["grad_norm"] = _grad_norm(self.policy)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sums["update/trajectories"] = float(len(items))
+        return sums
+
+    def _micro_step(self, trajs, adv: Sequence[float], weight: float):
+        logp, batch, logits = self._logp(self.policy, trajs, logits=True)
+        mask = batch.loss_mask.to(logp.device)
+        old = batch.old_logp.to(logp.device)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+        a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
+        loss, m = get_policy_loss(self.algo.loss)(
+            logp, old.detach(), old, a, mask, self.algo.clip_low, self.algo.clip_high,
+            iw_cap=self.algo.iw_cap, agg=self.algo.aggregation, entropy=entropy,
+        )
+        metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
+        metrics["loss/logprob_gap"] = float(((logp - old).abs() * mask).sum() / mask.sum().clamp(min=1))
+        if self.anchor_coef:
+            smask = structural_mask(batch.input_ids.to(logp.device), mask, self.struct_ids)
+            anchor = structural_anchor_loss(logp, smask, self.anchor_coef)
+            loss = loss + anchor
+            metrics["loss/anchor"] = float(anchor)
+        if self.reference is not None and not self.algo.kl_in_reward:
+            with torch.no_grad():
+                ref, _, _ = self._logp(self.reference, trajs)
+            kl = kl_loss(logp, ref.to(logp.device), mask, self.algo.kl_estimator, self.algo.kl_coef)
+            loss = loss + kl
+            metrics["loss/kl"] = float(kl)
+        self.manual_backward(loss * weight)
+        return metrics.items()
+
+    def _record(self, step, trajs, rewards, samples, budgets) -> RolloutRecord:
+        return RolloutRecord(
+            step=step,
+            trajectories=tuple(trajs),
+            rewards=tuple(rewards),
+            group_size=self.rollout_cfg.group_size,
+            budgets=tuple(budgets),
+            windows=tuple(s.windows for s in samples),
+            durations=tuple(float(s.extra.get("duration", 0.0)) for s in samples),
+        )
+
+    # ---- evaluation and export ------------------------------------------------------------
+    def evaluate_agent(self, samples: Sequence[Sample], greedy: bool = True) -> list[Trajectory]:
+        budgets = [self.rollout_cfg.default_budget] * len(samples)
+        params = SamplingParams(greedy=greedy, temperature=self.rollout_cfg.temperature)
+        return self.agent.run(samples, budgets, 1, params)
+
+    def export_hf(self, path: str) -> None:
+        """Write the policy in HF format (loadable by transformers and vLLM) with its processor."""
+        self.policy.save_pretrained(path)
+        self.processor.save_pretrained(path)
+
+    def state_dict(self, *args, **kwargs):
+        # The reference is frozen and rebuilt from the checkpoint path; keep checkpoints lean.
+        state = super().state_dict(*args, **kwargs)
+        return {k: v for k, v in state.items() if not k.startswith("reference.")}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        checkpoint["paravt"] = {
+            "weight_version": self.engine.weight_version,
+            "reward_weights": self.reward_weights,
+            "anchor_coef": self.anchor_coef,
+        }
+
+    def on_load_checkpoint(self, checkpoint) -> None:
+        saved = checkpoint.get("paravt", {})
+        self.engine.sync_weights(self.policy, saved.get("weight_version", 0))
+        self.reward_weights = saved.get("reward_weights", self.reward_weights)
+        self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
+
+
+class _Timer:
+    """Wall-clock seconds per named phase, for the `time/*` metrics."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.seconds.items()}
+
+
+def _adv_metrics(adv) -> dict[str, float]:
+    values = adv.values[adv.keep] if adv.keep.any() else adv.values
+    return {
+        "advantage/mean": float(values.mean()),
+        "advantage/std": float(values.std(unbiased=False)),
+        "advantage/zero_variance_share": float(adv.zero_variance.float().mean()),
+    }
+
+
+def _grad_norm(model) -> float:
+    grads = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(grads).norm()) if grads else 0.0
+
+
+def _chunks(items: Sequence, size: int) -> list[list]:
+    size = max(1, size)
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+

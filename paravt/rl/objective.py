@@ -1,0 +1,93 @@
+"""PARA-GRPO's step-level arithmetic: rewards -> advantages, batch statistics for logging.
+
+Pure functions over tensors and plain values, composed from the registries of `advantages`; the
+LightningModule calls them as phases. This file deliberately runs no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from paravt.rl.advantages import (
+    batch_normalize,
+    get_advantage_fn,
+    shape_rewards,
+    zero_variance_groups,
+)
+from paravt.rl.budget import gate_ratio
+from paravt.rl.metrics import f_tau, kappa
+from paravt.types import RewardBreakdown, Trajectory
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages (PARAVT.md sections 4 and 5)."""
+
+    estimator: str = "grpo"
+    shaping: bool = False
+    shaping_scale: float = 10.0
+    shaping_shift: float = -0.2
+    shaping_clip: float = 20.0
+    batch_norm: bool = False
+    drop_zero_variance: bool = False
+
+
+@dataclass(frozen=True)
+class Advantages:
+    values: Tensor  # [N] one advantage per trajectory
+    keep: Tensor  # [N] bool: trajectories that take part in the update
+    zero_variance: Tensor  # [B] bool
+
+
+def compute_advantages(
+    rewards: Tensor,  # [B, G]
+    cfg: AdvantageConfig,
+) -> Advantages:
+    """Optionally shape, then group-normalise, drop zero-variance groups, batch-normalise."""
+    r = rewards.double()
+    if cfg.shaping:
+        r = shape_rewards(r, cfg.shaping_scale, cfg.shaping_shift, cfg.shaping_clip)
+    adv = get_advantage_fn(cfg.estimator)(r)  # [B, G]
+    zero = zero_variance_groups(r)
+    keep = torch.ones_like(adv, dtype=torch.bool)
+    if cfg.drop_zero_variance:
+        keep &= ~zero[:, None]
+    if cfg.batch_norm:
+        adv = batch_normalize(adv, keep)
+    adv = torch.where(keep, adv, torch.zeros_like(adv))
+    return Advantages(adv.flatten().float(), keep.flatten(), zero)
+
+
+def rollout_metrics(
+    trajs: Sequence[Trajectory],
+    rewards: Sequence[RewardBreakdown],
+    budgets: Sequence[int],
+    group_size: int,
+) -> dict[str, float]:
+    """The per-step health figures of the paper and of the loop (f_tau, kappa, lengths...)."""
+    n = max(len(trajs), 1)
+    total = torch.tensor([r.total for r in rewards], dtype=torch.float64)
+    calls = torch.tensor([t.num_calls for t in trajs], dtype=torch.float64)
+    out = {
+        "reward/mean": float(total.mean()) if len(rewards) else 0.0,
+        "reward/accuracy": sum(r.accuracy for r in rewards) / n,
+        "reward/format": sum(r.format for r in rewards) / n,
+        "reward/tool": sum(r.tool for r in rewards) / n,
+        "reward/degenerate": sum(r.degenerate for r in rewards) / n,
+        "f_tau": f_tau([r.format for r in rewards]),
+        "kappa": kappa([t.num_calls for t in trajs]),
+        "rollout/rounds": sum(t.num_rounds for t in trajs) / n,
+        "rollout/response_tokens": sum(t.num_trained_tokens for t in trajs) / n,
+        "rollout/length": sum(len(t.token_ids) for t in trajs) / n,
+        "rollout/truncated": sum(t.truncated for t in trajs) / n,
+        "rollout/valid_call_share": sum(t.num_valid_calls for t in trajs) / max(calls.sum(), 1),
+    }
+    if len(trajs) == len(budgets) * group_size and budgets:
+        gates = gate_ratio(total.view(-1, group_size), calls.view(-1, group_size), budgets)
+        for k, stat in gates.items():
+            out[f"gate_ratio/K{k}"] = stat.ratio
+    return {k: float(v) for k, v in out.items()}

@@ -1,0 +1,25 @@
+"""PARA-GRPO training entry point: `python train.py [experiment=NAME] [key=value ...]`.
+
+Thin on purpose: Hydra composes conf/, this file instantiates the pieces and calls `fit`.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from paravt.modules.build import build_run
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    run = build_run(cfg)
+    run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
+    if cfg.export_hf:
+        run.module.export_hf(f"{cfg.run_dir}/hf")
+    reward = run.trainer.callback_metrics.get("reward")
+    return None if reward is None else float(reward)
+
+
+if __name__ == "__main__":
+    main()
