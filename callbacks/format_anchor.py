@@ -1,8 +1,9 @@
 """A curriculum for the two format signals of PARA-GRPO (PARAVT sections 3 and 4 (i)).
 
 Before every training batch the callback sets, from the optimizer step (`trainer.global_step`,
-the number of completed optimizer steps, 0 for the first batch):
-- `pl_module.reward_weights.fmt`, the weight w_fmt of the string-level format reward R_fmt
+the number of completed optimizer steps: 0 for the first batch, and advancing by k per batch
+when the module steps its optimizer k times per batch):
+- `pl_module.reward_weights.format_weight`, the weight w_fmt of the string-level format reward R_fmt
   (RewardWeights is frozen, so a new one is built with dataclasses.replace), and
 - `pl_module.anchor_coef`, the coefficient of the structural-token log-prob anchor term,
 and logs both under `curriculum/`. A schedule left as None leaves its coefficient alone.
@@ -15,7 +16,7 @@ for the new weight to apply to that same step. This file deliberately holds no s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -23,8 +24,14 @@ import lightning.pytorch as pl
 from callbacks.schedules import check_schedule, schedule_value
 from paravt.rewards.compose import RewardWeights
 
+# The RewardWeights field that holds w_fmt; checked in setup so that a rename fails loudly.
+FORMAT_FIELD = "format_weight"
 FORMAT_KEY = "curriculum/format_weight"
 ANCHOR_KEY = "curriculum/anchor_coef"
+
+
+def _field_names(weights: RewardWeights) -> set[str]:
+    return {f.name for f in fields(weights)}
 
 
 class FormatAnchorCurriculum(pl.Callback):
@@ -69,6 +76,11 @@ class FormatAnchorCurriculum(pl.Callback):
                 f"paravt.rewards.compose.RewardWeights, got {type(weights).__name__}; set it in "
                 "__init__ or drop format_schedule"
             )
+        if self.format_schedule is not None and FORMAT_FIELD not in _field_names(weights):
+            raise AttributeError(
+                f"FormatAnchorCurriculum: RewardWeights has no field {FORMAT_FIELD!r} (fields: "
+                f"{sorted(_field_names(weights))}); update callbacks.format_anchor.FORMAT_FIELD"
+            )
         if self.anchor_schedule is not None and not hasattr(pl_module, "anchor_coef"):
             raise AttributeError(
                 f"FormatAnchorCurriculum: anchor_schedule needs {name}.anchor_coef (a float, the "
@@ -80,7 +92,9 @@ class FormatAnchorCurriculum(pl.Callback):
     ) -> None:
         values = self.values_at(trainer.global_step)
         if FORMAT_KEY in values:
-            pl_module.reward_weights = replace(pl_module.reward_weights, fmt=values[FORMAT_KEY])
+            pl_module.reward_weights = replace(
+                pl_module.reward_weights, **{FORMAT_FIELD: values[FORMAT_KEY]}
+            )
         if ANCHOR_KEY in values:
             pl_module.anchor_coef = values[ANCHOR_KEY]
         pl_module.log_dict(values, batch_size=1)

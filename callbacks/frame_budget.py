@@ -19,30 +19,47 @@ import lightning.pytorch as pl
 import torch
 
 from callbacks.records import RolloutRecord, latest_rollout
-from paravt.rl.budget import DEFAULT_BUDGETS, FrameBudgetSampler, gate_ratio
+from paravt.rl.budget import DEFAULT_BUDGETS, FrameBudgetSampler, GateStat, gate_ratio
 
 
-def budget_metrics(record: RolloutRecord) -> dict[str, float]:
-    """Gate statistics of one step's rollouts, keyed as they are logged.
-
-    `gate_ratio/K{k}` is present only for budgets with at least one defined group, so that a
-    budget whose groups were all one-sided does not plot as a misleading 0.
-    """
+def step_gate_stats(record: RolloutRecord) -> dict[int, GateStat]:
+    """Per-budget gate statistic of one step's groups (tool use: `num_calls > 0`)."""
     num_groups, group_size = record.num_groups, record.group_size
     rewards = torch.tensor([r.total for r in record.rewards], dtype=torch.float64)
     calls = torch.tensor([t.num_calls for t in record.trajectories])
-    stats = gate_ratio(
+    return gate_ratio(
         rewards.view(num_groups, group_size),  # [B, G]
         calls.view(num_groups, group_size),  # [B, G]
         record.budgets,  # [B]
     )
+
+
+def merge_gate_stats(per_step: Sequence[dict[int, GateStat]]) -> dict[int, GateStat]:
+    """Pool several steps' statistics: wins, defined and undefined add up per budget."""
+    totals: dict[int, list[int]] = {}
+    for stats in per_step:
+        for k, stat in stats.items():
+            wins, defined, undefined = totals.setdefault(k, [0, 0, 0])
+            totals[k] = [wins + stat.wins, defined + stat.defined, undefined + stat.undefined]
+    return {
+        k: GateStat(wins, defined, undefined, wins / defined if defined else 0.0)
+        for k, (wins, defined, undefined) in sorted(totals.items())
+    }
+
+
+def budget_metrics(stats: dict[int, GateStat], budgets: Sequence[int]) -> dict[str, float]:
+    """Gate statistics and the mean of `budgets` (one per group), keyed as they are logged.
+
+    `gate_ratio/K{k}` is present only for budgets with at least one defined group, so that a
+    budget whose groups were all one-sided does not plot as a misleading 0.
+    """
     metrics: dict[str, float] = {}
     for k, stat in stats.items():
         if stat.defined:
             metrics[f"gate_ratio/K{k}"] = stat.ratio
         metrics[f"gate_undefined/K{k}"] = float(stat.undefined)
-    if record.budgets:
-        metrics["frame_budget/mean"] = sum(record.budgets) / len(record.budgets)
+    if budgets:
+        metrics["frame_budget/mean"] = sum(budgets) / len(budgets)
     return metrics
 
 
@@ -58,6 +75,9 @@ class FrameBudgetRandomization(pl.Callback):
         self.sampler = FrameBudgetSampler(
             tuple(budgets), None if weights is None else tuple(weights), seed
         )
+        self._pending: list[dict[int, GateStat]] = []
+        self._budgets: list[int] = []
+        self._last_step = 0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         datamodule = getattr(trainer, "datamodule", None)
@@ -86,4 +106,23 @@ class FrameBudgetRandomization(pl.Callback):
         record = latest_rollout(pl_module, type(self).__name__)
         if record is None or not record.num_groups:
             return
-        pl_module.log_dict(budget_metrics(record), batch_size=record.num_groups)
+        self._pending.append(step_gate_stats(record))
+        self._budgets.extend(record.budgets)
+        self._last_step = record.step
+        # Lightning's own cadence ((step + 1) % log_every_n_steps == 0), pooled over the steps in
+        # between so that a ratio rests on more than the one or two groups a budget gets per step.
+        if (record.step + 1) % trainer.log_every_n_steps == 0:
+            self._flush(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer)  # the steps after the last logging boundary
+
+    def _flush(self, trainer: pl.Trainer) -> None:
+        if not self._pending:
+            return
+        metrics = budget_metrics(merge_gate_stats(self._pending), self._budgets)
+        self._pending, self._budgets = [], []
+        # Straight to the loggers: self.log would re-send a budget's last ratio on later steps
+        # where that budget had no defined group.
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=self._last_step)

@@ -16,6 +16,7 @@ torch.optim.lr_scheduler for those); it maps integers to floats.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -81,7 +82,7 @@ def _check_step_kind(
             f"{where}: kind 'step' needs one value per milestone and at least one of each, got "
             f"{len(marks)} milestones and {len(levels)} values"
         )
-    if any(a >= b for a, b in zip(marks, marks[1:], strict=False)):
+    if any(a >= b for a, b in itertools.pairwise(marks)):
         raise ValueError(f"{where}: milestones must be strictly increasing, got {list(marks)}")
     return marks, levels
 
@@ -100,12 +101,16 @@ def schedule_value(
     """The value of schedule `kind` at optimizer step `step` (>= 0); `where` names it in errors."""
     fn = SCHEDULES.get(kind)
     if fn is None:
-        raise ValueError(f"{where}: unknown schedule kind {kind!r}; expected one of {list(SCHEDULES)}")
+        raise ValueError(
+            f"{where}: unknown schedule kind {kind!r}; expected one of {list(SCHEDULES)}"
+        )
     _count(step, f"{where}: step", 0)
     given = {"start": start, "end": end, "steps": steps, "milestones": milestones, "values": values}
     missing = [key for key in REQUIRED[kind] if given[key] is None or given[key] == ()]
     if missing:
-        raise ValueError(f"{where}: kind {kind!r} needs {missing} (it needs {list(REQUIRED[kind])})")
+        raise ValueError(
+            f"{where}: kind {kind!r} needs {missing} (it needs {list(REQUIRED[kind])})"
+        )
     first = _finite(start, f"{where}: start")
     last = first if end is None else _finite(end, f"{where}: end")
     length = 1 if steps is None else _count(steps, f"{where}: steps", 1)

@@ -41,5 +41,7 @@ def build_run(cfg: DictConfig) -> Run:
 
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
-    trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=instantiate(cfg.logger))
+    trainer = instantiate(
+        cfg.trainer, callbacks=build_callbacks(cfg), logger=instantiate(cfg.logger)
+    )
     return Run(trainer=trainer, module=build_module(cfg), datamodule=datamodule)

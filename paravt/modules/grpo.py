@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import contextmanager
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
 import torch
@@ -99,6 +99,7 @@ class GRPOModule(pl.LightningModule):
         self.agent = AgentLoop(self.engine, renderer, VideoReader(), rollout.agent, crop)
         self.last_rollout: RolloutRecord | None = None
         self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
+        self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch  # prompts hold no tensors; rollouts are built on the policy's device
@@ -141,6 +142,7 @@ class GRPOModule(pl.LightningModule):
 
     def _rollout(self, samples, budgets, step: int) -> list[Trajectory]:
         self.rollout_versions.append((step, self.engine.weight_version))
+        self.seen_prompts.append((step, tuple(s.id for s in samples)))
         params = SamplingParams(
             temperature=self.rollout_cfg.temperature, seed=self.seed * 100_003 + step
         )
@@ -183,8 +185,11 @@ class GRPOModule(pl.LightningModule):
     def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
         items = [(t, a) for t, a, k in zip(trajs, adv.tolist(), keep.tolist(), strict=True) if k]
         if self.algo.train_subagents:
-            items += [(s, a) for t, a, _ in zip(trajs, adv.tolist(), keep.tolist(), strict=True)
-                      for s in t.sub_trajectories]
+            items += [
+                (s, a)
+                for t, a, _ in zip(trajs, adv.tolist(), keep.tolist(), strict=True)
+                for s in t.sub_trajectories
+            ]
         total_tokens = sum(t.num_trained_tokens for t, _ in items)
         opt = self.optimizers()
         sums: dict[str, float] = {}
@@ -208,22 +213,31 @@ class GRPOModule(pl.LightningModule):
             entropy = entropy_from_logits(logits.detach())
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
         loss, m = get_policy_loss(self.algo.loss)(
-            logp, old.detach(), old, a, mask, self.algo.clip_low, self.algo.clip_high,
-            iw_cap=self.algo.iw_cap, agg=self.algo.aggregation, entropy=entropy,
+            logp,
+            old.detach(),
+            old,
+            a,
+            mask,
+            self.algo.clip_low,
+            self.algo.clip_high,
+            iw_cap=self.algo.iw_cap,
+            agg=self.algo.aggregation,
+            entropy=entropy,
         )
         metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
-        metrics["loss/logprob_gap"] = float(((logp - old).abs() * mask).sum() / mask.sum().clamp(min=1))
+        gap = torch.where(mask, (logp.detach() - old).abs(), torch.zeros_like(old))
+        metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
         if self.anchor_coef:
             smask = structural_mask(batch.input_ids.to(logp.device), mask, self.struct_ids)
             anchor = structural_anchor_loss(logp, smask, self.anchor_coef)
             loss = loss + anchor
-            metrics["loss/anchor"] = float(anchor)
+            metrics["loss/anchor"] = float(anchor.detach())
         if self.reference is not None and not self.algo.kl_in_reward:
             with torch.no_grad():
                 ref, _, _ = self._logp(self.reference, trajs)
             kl = kl_loss(logp, ref.to(logp.device), mask, self.algo.kl_estimator, self.algo.kl_coef)
             loss = loss + kl
-            metrics["loss/kl"] = float(kl)
+            metrics["loss/kl"] = float(kl.detach())
         self.manual_backward(loss * weight)
         return metrics.items()
 
@@ -260,14 +274,15 @@ class GRPOModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["paravt"] = {
             "weight_version": self.engine.weight_version,
-            "reward_weights": self.reward_weights,
+            "reward_weights": asdict(self.reward_weights),
             "anchor_coef": self.anchor_coef,
         }
 
     def on_load_checkpoint(self, checkpoint) -> None:
         saved = checkpoint.get("paravt", {})
         self.engine.sync_weights(self.policy, saved.get("weight_version", 0))
-        self.reward_weights = saved.get("reward_weights", self.reward_weights)
+        if "reward_weights" in saved:
+            self.reward_weights = RewardWeights(**saved["reward_weights"])
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
 
 
@@ -304,5 +319,3 @@ def _grad_norm(model) -> float:
 def _chunks(items: Sequence, size: int) -> list[list]:
     size = max(1, size)
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
-
-

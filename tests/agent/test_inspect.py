@@ -268,7 +268,9 @@ def test_empty_data_file(tmp_path, tiny_qwen3_dir, capsys):
 def test_data_whose_rows_are_all_skipped_names_the_first_reason(tmp_path, tiny_qwen3_dir, capsys):
     data = tmp_path / "rows.jsonl"
     row = '{"id": "a", "prompt": [{"role": "user", "content": "<video>Q"}], '
-    row += '"videos": [{"video": "gone.mp4"}], "extra_info": {"answer": "A"}}'
+    row += (
+        '"videos": [{"video": "gone.mp4"}], "extra_info": {"answer": "A", "question_type": "mcq"}}'
+    )
     data.write_text(row + "\n")
     line = _error(capsys, ["--model", str(tiny_qwen3_dir), "--data", str(data)])
     assert str(data) in line and "gone.mp4" in line

@@ -1,0 +1,42 @@
+"""Lightning callbacks for PARA-GRPO training, usable in any Lightning project.
+
+- `FrameBudgetRandomization`: per-prompt frame budgets for the DataModule; logs the gate ratio.
+- `FormatAnchorCurriculum`: schedules the format-reward weight and the anchor coefficient.
+- `RolloutLogger`: writes a few rollouts (text, crop timeline image) to TensorBoard.
+- `BenchmarkValidation`: evaluates the agent on a held-out file; logs accuracy, f_tau, kappa.
+
+What a module must provide (each callback checks only what it uses, in `setup` or when it
+first reads it, and names the missing piece):
+- `pl_module.last_rollout: callbacks.records.RolloutRecord | None`, None in `__init__` and set at
+  the end of every `training_step`: the step's N = B * G trajectories and rewards, group-major
+  (the G rollouts of prompt b are contiguous), with each prompt's frame budget, ground-truth
+  windows and video duration (FrameBudgetRandomization, RolloutLogger).
+- `pl_module.reward_weights: paravt.rewards.compose.RewardWeights` (frozen; the curriculum sets
+  a new one with dataclasses.replace) and `pl_module.anchor_coef: float`, the structural-token
+  anchor coefficient, both read inside `training_step` (FormatAnchorCurriculum).
+- `trainer.datamodule.budget_sampler`: an attribute the DataModule calls as
+  `budget_sampler(prompt_id: str, epoch: int) -> int` for every prompt when it builds a batch
+  (not in its `setup`, which Lightning runs before the callbacks'); FrameBudgetRandomization
+  replaces it.
+- `pl_module.evaluate_agent(samples, greedy=True) -> list[Trajectory]` (one per sample, in order)
+  and `pl_module.score(trajectory, sample) -> RewardBreakdown` (BenchmarkValidation).
+
+Steps: "every n steps" (RolloutLogger, BenchmarkValidation) and the curriculum's schedules count
+optimizer steps (`trainer.global_step`), which advance by several per batch when the module
+steps its optimizer several times (PPO epochs); the triggers fire whenever a multiple of n is
+crossed. Per-rollout logs are written at `RolloutRecord.step`.
+"""
+
+from callbacks.benchmark_validation import BenchmarkValidation
+from callbacks.format_anchor import FormatAnchorCurriculum
+from callbacks.frame_budget import FrameBudgetRandomization
+from callbacks.records import RolloutRecord
+from callbacks.rollout_logger import RolloutLogger
+
+__all__ = [
+    "BenchmarkValidation",
+    "FormatAnchorCurriculum",
+    "FrameBudgetRandomization",
+    "RolloutLogger",
+    "RolloutRecord",
+]

@@ -1,0 +1,177 @@
+"""Held-out agent evaluation during training, as a Lightning callback.
+
+Every `every_n_steps` optimizer steps, and once more when training ends, `BenchmarkValidation`
+runs the module's own agent (greedy) on a held-out prompt file and logs
+`val/{name}/accuracy` (mean R_acc), `val/{name}/f_tau` (mean format reward) and
+`val/{name}/kappa` (mean tool calls per rollout) — the same means as `paravt.rl.metrics`, but
+computed from sums so that they can be reduced exactly across ranks: each rank evaluates its own
+slice of the samples (`samples[rank::world_size]`).
+
+Metrics go to the loggers directly (at `trainer.global_step`) and, during a step, into
+`trainer.callback_metrics` so that `ModelCheckpoint(monitor="val/needle/accuracy")` works.
+The final evaluation runs in `on_train_end`, not `on_fit_end`: Lightning calls `on_fit_end` after
+the strategy's teardown, when the model has already been moved back to the CPU. The samples are
+read once, in `setup`, so that a bad path fails before the first step. This module deliberately
+does not know how the agent runs or how a trajectory is scored; the module provides both
+(`evaluate_agent`, `score`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import lightning.pytorch as pl
+import torch
+
+from paravt.data.datasets import load_samples
+from paravt.types import Sample
+
+_REQUIRED = ("evaluate_agent", "score")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@contextlib.contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the duration, then each submodule's own previous mode (a frozen tower or
+    reference model that was in eval mode stays there, unlike with module.train())."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+class BenchmarkValidation(pl.Callback):
+    """Evaluate `pl_module.evaluate_agent` on `samples_path` and log accuracy, f_tau and kappa."""
+
+    def __init__(
+        self,
+        samples_path: str | os.PathLike[str],
+        every_n_steps: int = 50,
+        limit: int | None = None,
+        name: str = "needle",
+    ) -> None:
+        if not _is_count(every_n_steps):
+            raise ValueError(
+                f"BenchmarkValidation.every_n_steps must be an int >= 1, got {every_n_steps!r}"
+            )
+        if limit is not None and not _is_count(limit):
+            raise ValueError(
+                f"BenchmarkValidation.limit must be None (all samples) or an int >= 1, "
+                f"got {limit!r}"
+            )
+        if not name or "/" in name:
+            raise ValueError(
+                f"BenchmarkValidation.name must be a non-empty name without '/', got {name!r}"
+            )
+        self.samples_path = str(samples_path)
+        self.every_n_steps = every_n_steps
+        self.limit = limit
+        self.name = name
+        self.samples: list[Sample] | None = None
+        self._last_step = 0  # nothing to log before the first optimizer step
+
+    @property
+    def state_key(self) -> str:
+        # Several instances (one per benchmark) may sit in one Trainer.
+        return self._generate_state_key(name=self.name)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        missing = [attr for attr in _REQUIRED if not callable(getattr(pl_module, attr, None))]
+        if missing:
+            raise AttributeError(
+                f"BenchmarkValidation({self.name!r}) needs {type(pl_module).__name__} to provide "
+                f"{missing}: evaluate_agent(samples, greedy=True) -> list[Trajectory] and "
+                "score(trajectory, sample) -> RewardBreakdown"
+            )
+        if self.samples is None:
+            self.samples = self._load()
+
+    def _load(self) -> list[Sample]:
+        samples, report = load_samples(self.samples_path, limit=self.limit)
+        if not samples:
+            reasons = (
+                "; ".join(reason for _, reason in report.skipped[:3]) or "the file has no rows"
+            )
+            raise ValueError(
+                f"BenchmarkValidation({self.name!r}): {self.samples_path} gave no usable samples "
+                f"({report.total} rows read): {reasons}; fix the file or samples_path"
+            )
+        return samples
+
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Run and score this rank's slice; returns the metrics reduced over all ranks."""
+        if self.samples is None:
+            self.samples = self._load()
+        shard = self.samples[trainer.global_rank :: trainer.world_size]
+        sums = [0.0, 0.0, 0.0, 0.0]  # samples, accuracy, format, tool calls
+        if shard:
+            with _eval_mode(pl_module), torch.no_grad():
+                trajectories = list(pl_module.evaluate_agent(shard, greedy=True))
+                if len(trajectories) != len(shard):
+                    raise ValueError(
+                        f"BenchmarkValidation({self.name!r}): evaluate_agent returned "
+                        f"{len(trajectories)} trajectories for {len(shard)} samples; it must "
+                        "return one greedy trajectory per sample, in order"
+                    )
+                rewards = [pl_module.score(t, s) for t, s in zip(trajectories, shard, strict=True)]
+            sums = [
+                float(len(shard)),
+                sum(r.accuracy for r in rewards),
+                sum(r.format for r in rewards),
+                float(sum(t.num_calls for t in trajectories)),
+            ]
+        local = torch.tensor(sums, dtype=torch.float64, device=pl_module.device)
+        count, accuracy, fmt, calls = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+        prefix = f"val/{self.name}"
+        return {
+            f"{prefix}/accuracy": accuracy / count,
+            f"{prefix}/f_tau": fmt / count,
+            f"{prefix}/kappa": calls / count,
+        }
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
+    ) -> None:
+        # global_step counts completed optimizer steps. Fire when it crosses a multiple of n: it
+        # stands still over accumulated micro-batches and may jump by several steps per batch
+        # (several PPO epochs), so a plain `step % n == 0` would repeat or miss.
+        step = trainer.global_step
+        if step // self.every_n_steps <= self._last_step // self.every_n_steps:
+            return
+        self._last_step = step
+        self._publish(trainer, pl_module, self.evaluate(trainer, pl_module), in_step=True)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        if step == self._last_step:
+            return
+        self._last_step = step
+        self._publish(trainer, pl_module, self.evaluate(trainer, pl_module), in_step=False)
+
+    def _publish(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        metrics: dict[str, float],
+        in_step: bool,
+    ) -> None:
+        # Written to the loggers directly: self.log would hold them back until the next
+        # `log_every_n_steps` boundary, and drop them when that is not a validation step.
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        if in_step:  # self.log is not allowed in on_train_end
+            # logger=False: only into callback_metrics, so that ModelCheckpoint can monitor them.
+            pl_module.log_dict(metrics, logger=False, batch_size=len(self.samples or ()))

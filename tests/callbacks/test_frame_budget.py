@@ -1,0 +1,193 @@
+"""FrameBudgetRandomization in a real Trainer, and its gate metrics computed by hand."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+from torch.utils.data import DataLoader
+
+from callbacks.frame_budget import (
+    FrameBudgetRandomization,
+    budget_metrics,
+    merge_gate_stats,
+    step_gate_stats,
+)
+from callbacks.records import RolloutRecord
+from paravt.rl.budget import FrameBudgetSampler, GateStat
+from paravt.types import RewardBreakdown
+
+
+def _group(toy, pid, tool_reward, free_reward, tool=True):
+    """Rollout 0 calls the tool when `tool` (else both skip it); rewards as given."""
+    crops = [(1.0, 2.0)] if tool else []
+    trajectories = [toy.trajectory(pid, 0, crops=crops), toy.trajectory(pid, 1)]
+    return trajectories, [RewardBreakdown(tool_reward), RewardBreakdown(free_reward)]
+
+
+def _record(groups, budgets, step=0):
+    trajectories = [t for ts, _ in groups for t in ts]
+    rewards = [r for _, rs in groups for r in rs]
+    n = len(budgets)
+    return RolloutRecord(step, trajectories, rewards, 2, budgets, [()] * n, [60.0] * n)
+
+
+def test_budget_metrics_by_hand(toy):
+    groups = [
+        _group(toy, "a", 1.0, 0.0),  # K=4: tool 1.0 > free 0.0 -> a win
+        _group(toy, "b", 0.0, 0.0, tool=False),  # K=4: no tool rollout -> undefined
+        _group(toy, "c", 0.2, 0.5),  # K=64: tool 0.2 < free 0.5 -> defined, no win
+    ]
+    record = _record(groups, [4, 4, 64])
+    assert budget_metrics(step_gate_stats(record), record.budgets) == {
+        "gate_ratio/K4": 1.0,  # 1 win / 1 defined group
+        "gate_undefined/K4": 1.0,
+        "gate_ratio/K64": 0.0,  # 0 wins / 1 defined group
+        "gate_undefined/K64": 0.0,
+        "frame_budget/mean": 24.0,  # (4 + 4 + 64) / 3
+    }
+
+
+def test_budget_without_defined_groups_logs_no_ratio(toy):
+    record = _record([_group(toy, "a", 1.0, 1.0, tool=False)], [8])
+    metrics = budget_metrics(step_gate_stats(record), record.budgets)
+    assert metrics == {"gate_undefined/K8": 1.0, "frame_budget/mean": 8.0}
+
+
+def test_merge_pools_groups_across_steps():
+    first = {4: GateStat(wins=1, defined=1, undefined=1, ratio=1.0)}
+    second = {
+        4: GateStat(wins=0, defined=1, undefined=0, ratio=0.0),
+        64: GateStat(wins=0, defined=0, undefined=2, ratio=0.0),
+    }
+    assert merge_gate_stats([second, first]) == {
+        4: GateStat(wins=1, defined=2, undefined=1, ratio=0.5),  # (1 + 0) / (1 + 1)
+        64: GateStat(wins=0, defined=0, undefined=2, ratio=0.0),
+    }
+    assert merge_gate_stats([]) == {}
+
+
+def test_installs_the_sampler_in_the_datamodule(tmp_path, toy):
+    # One budget: every prompt must get 8, never the DataModule's own default of 64.
+    _, module, _ = toy.fit(tmp_path, [FrameBudgetRandomization(budgets=[8])])
+    assert [s["budgets"] for s in module.seen] == [[8, 8], [8, 8], [8, 8]]
+
+
+def _budget_scenario(toy):
+    """Tool use wins when K <= 16 and loses at K = 64; prompt p3 never calls the tool."""
+
+    def scenario(step, ids, budgets):
+        groups = [
+            _group(toy, pid, 1.0 if k <= 16 else 0.0, 0.5, tool=pid != "p3")
+            for pid, k in zip(ids, budgets, strict=True)
+        ]
+        return _record(groups, budgets, step)
+
+    return scenario
+
+
+def _expected(ids, ks):
+    """What _budget_scenario's groups must log, by its rule, one group at a time."""
+    wins, defined, undefined = {}, {}, {}
+    for pid, k in zip(ids, ks, strict=True):
+        for table in (wins, defined, undefined):
+            table.setdefault(k, 0)
+        if pid == "p3":
+            undefined[k] += 1
+        else:
+            defined[k] += 1
+            wins[k] += k <= 16
+    metrics = {f"gate_undefined/K{k}": float(n) for k, n in undefined.items()}
+    metrics.update({f"gate_ratio/K{k}": wins[k] / n for k, n in defined.items() if n})
+    metrics["frame_budget/mean"] = sum(ks) / len(ks)
+    return metrics
+
+
+# 4 prompts, batch 2: steps 0 and 1 are epoch 0, step 2 starts epoch 1 with p0, p1.
+BATCHES = [(["p0", "p1"], 0), (["p2", "p3"], 0), (["p0", "p1"], 1)]
+
+
+def _logged(toy, log_dir):
+    """step -> {tag: value} of every budget scalar in the event files."""
+    events = toy.read_events(log_dir)
+    logged: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        if tag.startswith(("gate_", "frame_budget")):
+            for step, value in toy.scalars(events, tag).items():
+                logged.setdefault(step, {})[tag] = value
+    return logged
+
+
+@pytest.mark.parametrize(
+    ("log_every", "flushes"),
+    [
+        (1, [[0], [1], [2]]),  # every step on its own
+        (2, [[0, 1], [2]]),  # steps 0-1 pooled at step 1; step 2 flushed by on_train_end
+    ],
+)
+def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flushes):
+    budgets, seed = (4, 16, 64), 3
+    module = toy.Module(scenario=_budget_scenario(toy))
+    callback = FrameBudgetRandomization(budgets, seed=seed)
+    _, module, log_dir = toy.fit(tmp_path, [callback], module=module, log_every_n_steps=log_every)
+    sampler = FrameBudgetSampler(budgets, seed=seed)
+    ks = [[sampler.budget(p, epoch) for p in ids] for ids, epoch in BATCHES]
+    assert [s["budgets"] for s in module.seen] == ks
+    expected = {
+        steps[-1]: _expected(
+            [p for s in steps for p in BATCHES[s][0]], [k for s in steps for k in ks[s]]
+        )
+        for steps in flushes
+    }
+    assert _logged(toy, log_dir) == expected  # 0, 1 and halves: exact in float32
+
+
+def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
+    module = toy.Module(scenario=lambda step, ids, budgets: None)
+    _, _, log_dir = toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+    assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "budget" in t]
+
+
+def test_needs_a_datamodule(tmp_path, toy):
+    trainer = pl.Trainer(
+        max_steps=1,
+        logger=False,
+        callbacks=[FrameBudgetRandomization()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader(["p0"], batch_size=1, collate_fn=lambda ids: (ids, [4]))
+    with pytest.raises(RuntimeError, match=r"pass it as trainer.fit\(model, datamodule=...\)"):
+        trainer.fit(toy.Module(), train_dataloaders=loader)
+
+
+def test_needs_a_budget_sampler_attribute(tmp_path, toy):
+    datamodule = toy.DataModule()
+    del datamodule.budget_sampler
+    with pytest.raises(AttributeError, match="ToyDataModule has no `budget_sampler` attribute"):
+        toy.fit(tmp_path, [FrameBudgetRandomization()], datamodule=datamodule)
+
+
+def test_needs_last_rollout_on_the_module(tmp_path, toy):
+    module = toy.Module()
+    module.scenario = lambda step, ids, budgets: None
+    del module.last_rollout
+    module.training_step = _without_record(module)
+    with pytest.raises(AttributeError, match="ToyModule has none"):
+        toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+
+
+def _without_record(module):
+    """A training step that never sets last_rollout (the contract broken)."""
+
+    def training_step(batch, batch_idx):
+        return module.layer(module.layer.weight.new_ones(1, 2)).pow(2).sum()
+
+    return training_step
+
+
+def test_bad_budgets_fail_at_construction():
+    with pytest.raises(ValueError, match="positive int"):
+        FrameBudgetRandomization(budgets=(4, 0))
+    with pytest.raises(ValueError, match="weights has 1 entries but there are 2 budgets"):
+        FrameBudgetRandomization(budgets=(4, 8), weights=(1.0,))

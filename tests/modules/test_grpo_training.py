@@ -1,0 +1,176 @@
+"""Lightning training on CPU: every experiment composes; short runs train, log and resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from paravt.models.loading import vision_tower
+from paravt.modules.build import build_callbacks, build_run
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+# Scale any experiment down to a tiny CPU run on the session's tiny model and needle data.
+CPU_SCALE = [
+    "model=tiny_qwen3",
+    "data=needle",
+    "trainer=cpu",
+    "trainer.max_steps=2",
+    "trainer.enable_progress_bar=false",
+    "data.batch_size=1",
+    "rollout.group_size=2",
+    "rollout.default_budget=4",
+    "rollout.agent.max_rounds=1",
+    "rollout.agent.max_new_tokens=12",
+    "rollout.agent.max_total_tokens=4096",
+    "rollout.agent.subagent_max_tokens=8",
+    "rollout.crop.factor=32",
+    "algorithm.micro_batch_size=2",
+    "optimizer.lr=1e-2",
+    "callbacks.frame_budget.budgets=[4,8]",
+    "callbacks.rollout_logger.every_n_steps=1",
+    "callbacks.benchmark_validation.every_n_steps=2",
+    "callbacks.benchmark_validation.limit=1",
+]
+
+
+def compose_cfg(overrides):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def local_paths(tmp_path, tiny_dir, needle_dir):
+    return [
+        f"run_dir={tmp_path}",
+        f"model.path={tiny_dir}",
+        "model.build_tiny=null",
+        f"data.train_path={needle_dir / 'train.jsonl'}",
+        f"data.eval_path={needle_dir / 'eval.jsonl'}",
+        "data.generate=null",
+    ]
+
+
+def train(tmp_path, tiny_dir, needle_dir, *extra, ckpt_path=None):
+    cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tiny_dir, needle_dir) + list(extra))
+    run = build_run(cfg)
+    run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)
+    return cfg, run
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(name, tmp_path):
+    cfg = compose_cfg([f"experiment={name}", f"run_dir={tmp_path}"])
+    assert cfg.name == name
+    for group in ("model", "rollout", "algorithm", "reward", "data", "logger"):
+        assert instantiate(cfg[group]) is not None, group
+    assert callable(instantiate(cfg.optimizer))
+    names = [type(c).__name__ for c in build_callbacks(cfg)]
+    assert "ModelCheckpoint" in names
+    if cfg.trainer.accelerator == "cpu":
+        instantiate(cfg.trainer)
+    else:
+        strategy = instantiate(cfg.trainer.strategy)
+        assert type(strategy).__name__ == "FSDPStrategy"
+
+
+def test_paper_recipe_values_reach_the_objects(tmp_path):
+    cfg = compose_cfg(["experiment=paragrpo", f"run_dir={tmp_path}"])
+    rollout, algo = instantiate(cfg.rollout), instantiate(cfg.algorithm)
+    assert (rollout.group_size, rollout.temperature, cfg.data.batch_size) == (8, 0.7, 7)
+    assert (algo.kl_coef, algo.kl_estimator, algo.advantage.shaping) == (0.01, "k1", True)
+    assert rollout.agent.max_new_tokens == 2048 and rollout.crop.max_calls_per_turn == 5
+    seq = instantiate(compose_cfg(["experiment=sequential", f"run_dir={tmp_path}"]).rollout)
+    assert seq.agent.sequential
+    grpo = compose_cfg(["experiment=grpo", f"run_dir={tmp_path}"])
+    assert grpo.callbacks.frame_budget is None and grpo.algorithm.anchor_coef == 0.0
+
+
+def test_a_wrong_config_key_is_named(tmp_path):
+    with pytest.raises(Exception, match="no_such_key"):
+        compose_cfg([f"run_dir={tmp_path}", "reward.no_such_key=1"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["demo", "paragrpo", "grpo"])
+def test_two_step_runs_train_the_policy_not_the_vision_tower(
+    name, tmp_path, tiny_qwen3_dir, needle_dir
+):
+    scale = [o for o in CPU_SCALE if name != "grpo" or "frame_budget" not in o]
+    overrides = [f"experiment={name}", *scale]
+    run = build_run(compose_cfg(overrides + local_paths(tmp_path, tiny_qwen3_dir, needle_dir)))
+    before = {k: v.clone() for k, v in run.module.policy.state_dict().items()}
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 2
+    after = run.module.policy.state_dict()
+    visual = {f"model.visual.{k}" for k in vision_tower(run.module.policy).state_dict()}
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and not (changed & visual)
+    assert any(k.startswith("model.language_model") or k.startswith("lm_head") for k in changed)
+    # Rollouts of step t were generated with the weights after update t-1.
+    assert run.module.rollout_versions == [(0, 0), (1, 1)]
+
+
+@pytest.mark.slow
+def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
+    train(tmp_path, tiny_qwen3_dir, needle_dir)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    expected = {
+        "reward/mean",
+        "reward/accuracy",
+        "reward/format",
+        "reward/tool",
+        "f_tau",
+        "kappa",
+        "rollout/rounds",
+        "rollout/response_tokens",
+        "rollout/truncated",
+        "advantage/mean",
+        "advantage/std",
+        "advantage/zero_variance_share",
+        "loss/clip_frac_low",
+        "loss/approx_kl",
+        "loss/entropy",
+        "loss/logprob_gap",
+        "time/rollout",
+        "time/reward",
+        "time/update",
+        "time/sync",
+        "weight_version",
+    }
+    assert expected <= scalars, expected - scalars
+    assert any(t.startswith("gate_ratio/K") for t in scalars)
+    assert [e.step for e in acc.Scalars("weight_version")] == [0, 1]
+    assert [e.value for e in acc.Scalars("weight_version")] == [0.0, 1.0]
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_the_same_prompt_sequence(tmp_path, tiny_qwen3_dir, needle_dir):
+    _, full = train(tmp_path / "full", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4")
+    _, first = train(tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=2")
+    _, rest = train(
+        tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4", ckpt_path="last"
+    )
+    assert rest.trainer.global_step == 4
+    assert first.module.seen_prompts + rest.module.seen_prompts == full.module.seen_prompts
+    assert [s for s, _ in rest.module.rollout_versions] == [2, 3]
+    # The resumed engine continues the weight version sequence.
+    assert rest.module.rollout_versions == [(2, 2), (3, 3)]
+
+
+@pytest.mark.slow
+def test_fast_dev_run_and_hf_export(tmp_path, tiny_qwen3_dir, needle_dir):
+    from transformers import AutoModelForImageTextToText
+
+    _, run = train(tmp_path, tiny_qwen3_dir, needle_dir, "+trainer.fast_dev_run=true")
+    assert run.trainer.global_step == 1
+    run.module.export_hf(str(tmp_path / "hf"))
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")
+    key = "lm_head.weight"
+    assert torch.equal(reloaded.state_dict()[key], run.module.policy.state_dict()[key])
