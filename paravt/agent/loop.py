@@ -12,6 +12,8 @@ The loop deliberately knows nothing of rewards or training; it returns `Trajecto
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -102,6 +104,7 @@ class AgentLoop:
         )
         self.tokenizer = renderer.tokenizer
         self.end_of_turn = renderer.end_of_turn
+        self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, last run()
 
     # ---- public -------------------------------------------------------------------------
     def run(
@@ -114,17 +117,22 @@ class AgentLoop:
         """N = len(samples) * group_size trajectories, grouped by sample (group-major order)."""
         if len(budgets) != len(samples):
             raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
+        self.timings.clear()
+        t0 = time.perf_counter()
         states = [
             st
             for s, k in zip(samples, budgets, strict=True)
             for st in self._start(s, k, group_size)
         ]
+        self.timings["prompt"] += time.perf_counter() - t0
         turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
         for round_index in range(self.cfg.max_rounds + 1):
             active = [st for st in states if not st.done and self._fits(st)]
             if not active:
                 break
+            t0 = time.perf_counter()
             outputs = self.engine.generate([st.request() for st in active], turn_params)
+            self.timings["generate"] += time.perf_counter() - t0
             with_calls = [
                 (st, calls)
                 for st, out in zip(active, outputs, strict=True)
@@ -196,9 +204,13 @@ class AgentLoop:
     ) -> None:
         if not with_calls:
             return
+        t0 = time.perf_counter()
         results = self.executor.run_many([(calls, st.sample.video) for st, calls in with_calls])
+        self.timings["tools"] += time.perf_counter() - t0
         if self.cfg.mode == "subagent":
+            t0 = time.perf_counter()
             results = self._summarise(with_calls, results, params)
+            self.timings["subagent"] += time.perf_counter() - t0
         last_round = round_index + 1 >= self.cfg.max_rounds
         for (st, _), res in zip(with_calls, results, strict=True):
             st.turns[-1] = replace(st.turns[-1], results=res)

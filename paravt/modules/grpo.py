@@ -28,7 +28,13 @@ from paravt.rewards.compose import RewardWeights, compute_reward
 from paravt.rewards.structural import STRUCTURAL_TAGS, structural_anchor_loss, structural_mask
 from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
-from paravt.rl.objective import AdvantageConfig, compute_advantages, rollout_metrics
+from paravt.rl.objective import (
+    AdvantageConfig,
+    compute_advantages,
+    rollout_metrics,
+    split_even,
+    token_budget_chunks,
+)
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.hf import TransformersEngine
 from paravt.types import RewardBreakdown, Sample, Trajectory
@@ -42,6 +48,7 @@ class RolloutConfig:
     group_size: int = 8
     temperature: float = 0.7
     default_budget: int = 8
+    max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
 
@@ -62,7 +69,8 @@ class AlgorithmConfig:
     anchor_coef: float = 0.0
     anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
     ppo_epochs: int = 1
-    micro_batch_size: int = 4
+    ppo_mini_batches: int = 1  # optimiser steps per PPO epoch
+    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
     max_grad_norm: float = 1.0
     train_subagents: bool = False
 
@@ -93,7 +101,11 @@ class GRPOModule(pl.LightningModule):
         tok = self.processor.tokenizer
         self.token_ids = TokenIds.from_tokenizer(tok)
         self.struct_ids = [tok.convert_tokens_to_ids(t) for t in algorithm.anchor_tags]
-        self.engine = TransformersEngine(self.policy, tok)
+        # With staleness allowed the engine samples from its own copy of the weights, synced
+        # only when they would fall more than `max_staleness` updates behind.
+        engine_model = self.policy if rollout.max_staleness == 0 else copy.deepcopy(self.policy)
+        self.engine = TransformersEngine(engine_model, tok)
+        self.policy_version = 0  # optimiser updates applied to the policy
         renderer = ChatRenderer(self.processor)
         crop = rollout.crop or CropConfig(factor=renderer.frame_factor)
         self.agent = AgentLoop(self.engine, renderer, VideoReader(), rollout.agent, crop)
@@ -112,6 +124,8 @@ class GRPOModule(pl.LightningModule):
         timer = _Timer()
         samples, step = list(batch.samples), batch.step
         budgets = self._budgets(samples, batch.epoch)
+        with timer("sync"):
+            self._sync_engine()
         with timer("rollout"):
             trajs = self._rollout(samples, budgets, step)
         with timer("reward"):
@@ -121,17 +135,22 @@ class GRPOModule(pl.LightningModule):
         adv = compute_advantages(totals.view(len(samples), -1), self.algo.advantage)
         with timer("update"):
             update = self._update(trajs, adv.values, adv.keep)
-        with timer("sync"):
-            self.engine.sync_weights(self.policy, self.engine.weight_version + 1)
         self.last_rollout = self._record(step, trajs, rewards, samples, budgets)
         if hasattr(self.trainer.datamodule, "on_batch_consumed"):
             self.trainer.datamodule.on_batch_consumed(batch)
         metrics = rollout_metrics(trajs, rewards, budgets, self.rollout_cfg.group_size)
         metrics |= update | timer.metrics() | _adv_metrics(adv)
+        metrics |= {f"time/rollout_{k}": v for k, v in self.agent.timings.items()}
+        metrics["rollout/staleness"] = float(self._staleness)
         metrics["weight_version"] = float(self.rollout_versions[-1][1])
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         return None
+
+    def _sync_engine(self) -> None:
+        """Give the engine the current weights when they would otherwise be too stale."""
+        if self.policy_version - self.engine.weight_version > self.rollout_cfg.max_staleness:
+            self.engine.sync_weights(self.policy, self.policy_version)
 
     def _budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         dm = getattr(self.trainer, "datamodule", None)
@@ -142,6 +161,7 @@ class GRPOModule(pl.LightningModule):
 
     def _rollout(self, samples, budgets, step: int) -> list[Trajectory]:
         self.rollout_versions.append((step, self.engine.weight_version))
+        self._staleness = self.policy_version - self.engine.weight_version
         self.seen_prompts.append((step, tuple(s.id for s in samples)))
         params = SamplingParams(
             temperature=self.rollout_cfg.temperature, seed=self.seed * 100_003 + step
@@ -169,7 +189,8 @@ class GRPOModule(pl.LightningModule):
             return totals
         kls = []
         with torch.no_grad():
-            for mb in _chunks(trajs, self.algo.micro_batch_size):
+            for chunk in token_budget_chunks([len(t.token_ids) for t in trajs], self._budget):
+                mb = [trajs[i] for i in chunk]
                 logp, batch, _ = self._logp(self.policy, mb)
                 ref, _, _ = self._logp(self.reference, mb)
                 per_token = kl_penalty(logp, ref, self.algo.kl_estimator, batch.loss_mask)
@@ -185,37 +206,61 @@ class GRPOModule(pl.LightningModule):
     def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
         items = [(t, a) for t, a, k in zip(trajs, adv.tolist(), keep.tolist(), strict=True) if k]
         if self.algo.train_subagents:
-            items += [
-                (s, a)
-                for t, a, _ in zip(trajs, adv.tolist(), keep.tolist(), strict=True)
-                for s in t.sub_trajectories
-            ]
-        total_tokens = sum(t.num_trained_tokens for t, _ in items)
+            # Sub-agent rollouts share their main trajectory's advantage (PARAVT.md pitfall 4).
+            items += [(s, a) for t, a in list(items) for s in t.sub_trajectories]
+        prox = self._proximal_logprobs([t for t, _ in items])
         opt = self.optimizers()
         sums: dict[str, float] = {}
+        updates = self.algo.ppo_epochs * self.algo.ppo_mini_batches
         for _ in range(self.algo.ppo_epochs):
-            for mb in _chunks(items, self.algo.micro_batch_size):
-                weight = sum(t.num_trained_tokens for t, _ in mb) / max(total_tokens, 1)
-                for k, v in self._micro_step([t for t, _ in mb], [a for _, a in mb], weight):
-                    sums[k] = sums.get(k, 0.0) + v * weight / self.algo.ppo_epochs
-            self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
-            sums["grad_norm"] = _grad_norm(self.policy)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            for mini in split_even(list(range(len(items))), self.algo.ppo_mini_batches):
+                self._mini_step([items[i] for i in mini], [prox[i] for i in mini], sums, updates)
+                self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
+                sums["grad_norm"] = _grad_norm(self.policy)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                self.policy_version += 1
         sums["update/trajectories"] = float(len(items))
         return sums
 
-    def _micro_step(self, trajs, adv: Sequence[float], weight: float):
+    def _proximal_logprobs(self, trajs) -> list[torch.Tensor | None]:
+        """pi_prox for the decoupled loss: the policy before this update, one pass, no grad."""
+        if self.algo.loss != "decoupled_ppo":
+            return [None] * len(trajs)
+        out: list[torch.Tensor | None] = [None] * len(trajs)
+        with torch.no_grad():
+            for chunk in token_budget_chunks([len(t.token_ids) for t in trajs], self._budget):
+                logp, _, _ = self._logp(self.policy, [trajs[i] for i in chunk])
+                for row, i in enumerate(chunk):
+                    out[i] = logp[row, : len(trajs[i].token_ids)].detach()
+        return out
+
+    @property
+    def _budget(self) -> int:
+        return self.algo.micro_batch_tokens
+
+    def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
+        total = max(sum(t.num_trained_tokens for t, _ in items), 1)
+        for chunk in token_budget_chunks([len(t.token_ids) for t, _ in items], self._budget):
+            mb = [items[i] for i in chunk]
+            weight = sum(t.num_trained_tokens for t, _ in mb) / total
+            metrics = self._micro_step(mb, [prox[i] for i in chunk], weight)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * weight / updates
+
+    def _micro_step(self, mb, prox, weight: float) -> dict[str, float]:
+        trajs, adv = [t for t, _ in mb], [a for _, a in mb]
         logp, batch, logits = self._logp(self.policy, trajs, logits=True)
         mask = batch.loss_mask.to(logp.device)
-        old = batch.old_logp.to(logp.device)
+        behaviour = batch.old_logp.to(logp.device)
+        proximal = behaviour if prox[0] is None else _pad_rows(prox, logp.shape, logp.device)
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
         loss, m = get_policy_loss(self.algo.loss)(
             logp,
-            old.detach(),
-            old,
+            proximal,
+            behaviour,
             a,
             mask,
             self.algo.clip_low,
@@ -225,7 +270,7 @@ class GRPOModule(pl.LightningModule):
             entropy=entropy,
         )
         metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
-        gap = torch.where(mask, (logp.detach() - old).abs(), torch.zeros_like(old))
+        gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
         metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
         if self.anchor_coef:
             smask = structural_mask(batch.input_ids.to(logp.device), mask, self.struct_ids)
@@ -239,7 +284,7 @@ class GRPOModule(pl.LightningModule):
             loss = loss + kl
             metrics["loss/kl"] = float(kl.detach())
         self.manual_backward(loss * weight)
-        return metrics.items()
+        return metrics
 
     def _record(self, step, trajs, rewards, samples, budgets) -> RolloutRecord:
         return RolloutRecord(
@@ -274,13 +319,16 @@ class GRPOModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["paravt"] = {
             "weight_version": self.engine.weight_version,
+            "policy_version": self.policy_version,
             "reward_weights": asdict(self.reward_weights),
             "anchor_coef": self.anchor_coef,
         }
 
     def on_load_checkpoint(self, checkpoint) -> None:
         saved = checkpoint.get("paravt", {})
-        self.engine.sync_weights(self.policy, saved.get("weight_version", 0))
+        self.policy_version = saved.get("policy_version", 0)
+        # The engine's own weights are not checkpointed: it restarts from the policy's.
+        self.engine.sync_weights(self.policy, self.policy_version)
         if "reward_weights" in saved:
             self.reward_weights = RewardWeights(**saved["reward_weights"])
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
@@ -316,6 +364,8 @@ def _grad_norm(model) -> float:
     return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def _chunks(items: Sequence, size: int) -> list[list]:
-    size = max(1, size)
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+def _pad_rows(rows: Sequence[torch.Tensor], shape, device) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=torch.float32, device=device)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r.to(device)
+    return out

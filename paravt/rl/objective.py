@@ -18,7 +18,6 @@ from paravt.rl.advantages import (
     shape_rewards,
     zero_variance_groups,
 )
-from paravt.rl.budget import gate_ratio
 from paravt.rl.metrics import f_tau, kappa
 from paravt.types import RewardBreakdown, Trajectory
 
@@ -68,7 +67,10 @@ def rollout_metrics(
     budgets: Sequence[int],
     group_size: int,
 ) -> dict[str, float]:
-    """The per-step health figures of the paper and of the loop (f_tau, kappa, lengths...)."""
+    """The per-step health figures of the paper and of the loop (f_tau, kappa, lengths...).
+
+    Per-budget gate ratios are the `FrameBudgetRandomization` callback's (pooled over steps).
+    """
     n = max(len(trajs), 1)
     total = torch.tensor([r.total for r in rewards], dtype=torch.float64)
     calls = torch.tensor([t.num_calls for t in trajs], dtype=torch.float64)
@@ -86,8 +88,36 @@ def rollout_metrics(
         "rollout/truncated": sum(t.truncated for t in trajs) / n,
         "rollout/valid_call_share": sum(t.num_valid_calls for t in trajs) / max(calls.sum(), 1),
     }
-    if len(trajs) == len(budgets) * group_size and budgets:
-        gates = gate_ratio(total.view(-1, group_size), calls.view(-1, group_size), budgets)
-        for k, stat in gates.items():
-            out[f"gate_ratio/K{k}"] = stat.ratio
     return {k: float(v) for k, v in out.items()}
+
+
+def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Split item indices, in order, into micro-batches of at most `max_tokens` padded tokens.
+
+    Padded cost of a micro-batch = its size x its longest item. An item longer than the budget
+    gets a micro-batch of its own (it cannot be split without breaking the sequence).
+    """
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def split_even(items: list, parts: int) -> list[list]:
+    """`items` in at most `parts` contiguous, near-equal, non-empty pieces (PPO mini-batches)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + size + (p < extra)
+        out.append(items[start:stop])
+        start = stop
+    return [o for o in out if o]

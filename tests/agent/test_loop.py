@@ -144,3 +144,23 @@ def test_teacher_forced_pass_reproduces_engine_logprobs(tool_caller, needle_samp
     else:
         # Raw-frame mode: the crops are part of the visual inputs of the trajectory.
         assert all(len(t.visuals) == 1 + t.num_tool_responses for t in greedy)
+
+
+def test_qwen2_5_trajectories_align_tokens_and_clips(tiny_qwen25_dir, needle_samples):
+    # Qwen2.5-VL: patch 14 (crops on a 28 px grid), M-RoPE with second_per_grid_ts. A scripted
+    # turn with two crops; the teacher-forced pass must accept every clip of the trajectory.
+    from transformers import AutoModelForImageTextToText
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen25_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen25_dir)
+    turn = "x</think>\n" + call_text(2, 10) + call_text(30, 36)
+    (traj,) = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)
+    assert [r.ok for r in traj.turns[0].results] == [True, True]
+    # 8 s at 1 fps -> 8 frames, 2 frames per temporal patch -> 2 s between patches.
+    assert traj.visuals[1].second_per_grid_ts == pytest.approx(2.0)
+    assert all(r.frames.pixels.shape[1] % 28 == 0 for r in traj.turns[0].results)
+    with torch.no_grad():
+        logp, batch, _ = trajectory_logprobs(
+            model, [traj], TokenIds.from_tokenizer(processor.tokenizer)
+        )
+    assert torch.isfinite(logp[0][batch.loss_mask[0]]).all()

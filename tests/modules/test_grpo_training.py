@@ -30,7 +30,7 @@ CPU_SCALE = [
     "rollout.agent.max_total_tokens=4096",
     "rollout.agent.subagent_max_tokens=8",
     "rollout.crop.factor=32",
-    "algorithm.micro_batch_size=2",
+    "algorithm.micro_batch_tokens=4096",
     "optimizer.lr=1e-2",
     "callbacks.frame_budget.budgets=[4,8]",
     "callbacks.rollout_logger.every_n_steps=1",
@@ -174,3 +174,31 @@ def test_fast_dev_run_and_hf_export(tmp_path, tiny_qwen3_dir, needle_dir):
     reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")
     key = "lm_head.weight"
     assert torch.equal(reloaded.state_dict()[key], run.module.policy.state_dict()[key])
+
+
+@pytest.mark.slow
+def test_max_staleness_with_the_decoupled_loss(tmp_path, tiny_qwen3_dir, needle_dir):
+    _, run = train(
+        tmp_path,
+        tiny_qwen3_dir,
+        needle_dir,
+        "trainer.max_steps=4",
+        "rollout.max_staleness=1",
+        "algorithm.loss=decoupled_ppo",
+    )
+    # Weights are synced only when they would be more than 1 update old: steps 0, 2.
+    assert run.module.rollout_versions == [(0, 0), (1, 0), (2, 2), (3, 2)]
+    assert run.module.engine.model is not run.module.policy
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    staleness = [e.value for e in acc.Scalars("rollout/staleness")]
+    assert staleness == [0.0, 1.0, 0.0, 1.0]
+    # Stale behaviour log-probs differ from the proximal policy's: importance weights move off 1.
+    iw = [e.value for e in acc.Scalars("loss/iw_max")]
+    assert iw[0] == pytest.approx(1.0, abs=1e-3) and iw[1] != pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_missing_model_directory_is_named(tmp_path, needle_dir):
+    cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tmp_path / "nowhere", needle_dir))
+    with pytest.raises(FileNotFoundError, match="nowhere.*config.json"):
+        build_run(cfg)
