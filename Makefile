@@ -21,3 +21,7 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+
+# The embedded default: PARA-GRPO on CPU with a tiny local Qwen3-VL and synthetic needle videos.
+demo: $(STAMP)
+	$(PY) train.py

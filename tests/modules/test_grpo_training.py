@@ -200,5 +200,5 @@ def test_max_staleness_with_the_decoupled_loss(tmp_path, tiny_qwen3_dir, needle_
 
 def test_a_missing_model_directory_is_named(tmp_path, needle_dir):
     cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tmp_path / "nowhere", needle_dir))
-    with pytest.raises(FileNotFoundError, match="nowhere.*config.json"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere.*config\.json"):
         build_run(cfg)
