@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import lightning.pytorch as pl
 import torch
 
+from callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
 from paravt.types import Sample
 
@@ -57,6 +58,7 @@ class BenchmarkValidation(pl.Callback):
         every_n_steps: int = 50,
         limit: int | None = None,
         name: str = "needle",
+        at_start: bool = False,
     ) -> None:
         if not _is_count(every_n_steps):
             raise ValueError(
@@ -75,8 +77,10 @@ class BenchmarkValidation(pl.Callback):
         self.every_n_steps = every_n_steps
         self.limit = limit
         self.name = name
+        self.at_start = at_start
         self.samples: list[Sample] | None = None
         self._last_step = 0  # nothing to log before the first optimizer step
+        self.history: list[tuple[int, dict[str, float]]] = []  # (global step, metrics)
 
     @property
     def state_key(self) -> str:
@@ -137,6 +141,12 @@ class BenchmarkValidation(pl.Callback):
             f"{prefix}/kappa": calls / count,
         }
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The baseline before any update (or at the resumed step), so every run reports a delta.
+        if self.at_start:
+            self._last_step = trainer.global_step
+            self._publish(trainer, pl_module, self.evaluate(trainer, pl_module), in_step=False)
+
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -145,11 +155,8 @@ class BenchmarkValidation(pl.Callback):
         batch: object,
         batch_idx: int,
     ) -> None:
-        # global_step counts completed optimizer steps. Fire when it crosses a multiple of n: it
-        # stands still over accumulated micro-batches and may jump by several steps per batch
-        # (several PPO epochs), so a plain `step % n == 0` would repeat or miss.
         step = trainer.global_step
-        if step // self.every_n_steps <= self._last_step // self.every_n_steps:
+        if not crossed_multiple(step, self._last_step, self.every_n_steps):
             return
         self._last_step = step
         self._publish(trainer, pl_module, self.evaluate(trainer, pl_module), in_step=True)
@@ -170,6 +177,7 @@ class BenchmarkValidation(pl.Callback):
     ) -> None:
         # Written to the loggers directly: self.log would hold them back until the next
         # `log_every_n_steps` boundary, and drop them when that is not a validation step.
+        self.history.append((trainer.global_step, dict(metrics)))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         if in_step:  # self.log is not allowed in on_train_end

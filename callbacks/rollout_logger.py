@@ -26,6 +26,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
 from callbacks.records import RolloutRecord, latest_rollout
+from callbacks.schedules import crossed_multiple
 from paravt.types import RewardBreakdown, Trajectory, Turn
 
 BACKGROUND = (255, 255, 255)
@@ -187,12 +188,11 @@ class RolloutLogger(pl.Callback):
         batch: object,
         batch_idx: int,
     ) -> None:
-        # global_step counts completed optimizer steps. Fire when it crosses a multiple of n: it
-        # stands still over accumulated micro-batches and may jump by several steps per batch
-        # (several PPO epochs), so a plain `step % n == 0` would repeat or miss.
         step = trainer.global_step
-        crossed = step // self.every_n_steps > self._last_step // self.every_n_steps
-        if not crossed or not trainer.is_global_zero:
+        if (
+            not crossed_multiple(step, self._last_step, self.every_n_steps)
+            or not trainer.is_global_zero
+        ):
             return
         record = latest_rollout(pl_module, type(self).__name__)
         writer = self._writer(trainer)

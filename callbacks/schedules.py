@@ -142,3 +142,12 @@ def check_schedule(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
     kwargs["where"] = where
     schedule_value(step=0, **kwargs)  # validates every field the kind reads
     return kwargs
+
+
+def crossed_multiple(step: int, last_step: int, every: int) -> bool:
+    """Whether `step` passed a multiple of `every` since `last_step`.
+
+    global_step stands still over accumulated micro-batches and may jump by several steps per
+    batch (several PPO epochs), so a plain `step % every == 0` would repeat or miss.
+    """
+    return step // every > last_step // every

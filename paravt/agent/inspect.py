@@ -250,7 +250,7 @@ def _run(args: argparse.Namespace) -> list[str]:
     """Load, roll out once for all num x group trajectories, format each one."""
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.rewards.compose import compute_reward
+    from paravt.rewards.compose import trajectory_reward
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.hf import TransformersEngine
     from paravt.video.reader import VideoError, VideoReader
@@ -283,15 +283,7 @@ def _run(args: argparse.Namespace) -> list[str]:
     blocks = []
     for traj in trajs:
         sample = by_id[traj.sample_id]
-        reward = compute_reward(
-            traj.response_text,
-            sample.answer,
-            sample.question_type,
-            options=sample.options,
-            num_valid_calls=traj.num_valid_calls,
-            num_tool_responses=traj.num_tool_responses,
-            sample_id=sample.id,
-        )
+        reward = trajectory_reward(traj, sample)
         blocks.append(
             format_trajectory(traj, sample, reward, processor.tokenizer, args.show_tokens)
         )

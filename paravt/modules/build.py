@@ -5,11 +5,22 @@ Kept out of train.py so tests can compose and instantiate every experiment witho
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+# Lightning warnings that do not apply to this module's design, silenced by message.
+_EXPECTED_WARNINGS = (
+    ".*Using ModelCheckpoint with manual optimization.*",  # post-update state is what we save
+    ".*module\\(s\\) in eval mode at the start of training.*",  # the frozen reference
+    ".*overridden `transfer_batch_to_device`.*",  # prompt batches hold no tensors
+)
 
 
 @dataclass(frozen=True)
@@ -39,9 +50,51 @@ def build_module(cfg: DictConfig):
 def build_run(cfg: DictConfig) -> Run:
     import lightning.pytorch as pl
 
+    for pattern in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
-    trainer = instantiate(
-        cfg.trainer, callbacks=build_callbacks(cfg), logger=instantiate(cfg.logger)
-    )
+    logger = instantiate(cfg.logger)
+    trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
     return Run(trainer=trainer, module=build_module(cfg), datamodule=datamodule)
+
+
+def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
+    """Supervised steps on teacher trajectories before RL, unless resuming or not configured."""
+    if cfg.get("cold_start") is None or cfg.get("ckpt_path"):
+        return []
+    from paravt.modules.coldstart import cold_start
+
+    run.datamodule.prepare_data()
+    run.datamodule.setup("fit")
+    losses = cold_start(run.module, run.datamodule.train_samples, instantiate(cfg.cold_start))
+    run.module.cold_start_losses = losses
+    return losses
+
+
+def summary(cfg: DictConfig, run: Run) -> str:
+    """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
+    lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
+    losses = getattr(run.module, "cold_start_losses", [])
+    if losses:
+        lines.append(
+            f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"
+        )
+    for cb in run.trainer.callbacks:
+        history = getattr(cb, "history", None)
+        if history:
+            lines.append(f"held-out '{cb.name}' ({len(cb.samples or ())} samples, greedy):")
+            lines.append("  step  accuracy  f_tau  kappa")
+            for step, m in history:
+                p = f"val/{cb.name}"
+                lines.append(
+                    f"  {step:>4}  {m[p + '/accuracy']:8.3f}  {m[p + '/f_tau']:5.3f}  "
+                    f"{m[p + '/kappa']:5.2f}"
+                )
+    rewards = [r for _, r in getattr(run.module, "reward_history", [])]
+    if rewards:
+        k = max(1, min(5, len(rewards) // 2))
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
+    lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
+    return "\n".join(lines)

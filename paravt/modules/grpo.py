@@ -24,8 +24,13 @@ from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
-from paravt.rewards.compose import RewardWeights, compute_reward
-from paravt.rewards.structural import STRUCTURAL_TAGS, structural_anchor_loss, structural_mask
+from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
+from paravt.rewards.structural import (
+    STRUCTURAL_TAGS,
+    structural_anchor_loss,
+    structural_mask,
+    structural_token_ids,
+)
 from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
 from paravt.rl.objective import (
@@ -100,7 +105,8 @@ class GRPOModule(pl.LightningModule):
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         tok = self.processor.tokenizer
         self.token_ids = TokenIds.from_tokenizer(tok)
-        self.struct_ids = [tok.convert_tokens_to_ids(t) for t in algorithm.anchor_tags]
+        # Checked up front (a clear error naming the tag) whenever the anchor can be used.
+        self.struct_ids = structural_token_ids(tok, algorithm.anchor_tags)
         # With staleness allowed the engine samples from its own copy of the weights, synced
         # only when they would fall more than `max_staleness` updates behind.
         engine_model = self.policy if rollout.max_staleness == 0 else copy.deepcopy(self.policy)
@@ -112,6 +118,14 @@ class GRPOModule(pl.LightningModule):
         self.last_rollout: RolloutRecord | None = None
         self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
         self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
+        self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
+        self._staleness = 0
+        self._reference_kl = 0.0
+
+    def reset_reference(self) -> None:
+        """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self.policy.state_dict())
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch  # prompts hold no tensors; rollouts are built on the policy's device
@@ -134,7 +148,8 @@ class GRPOModule(pl.LightningModule):
             totals = self._rewards_with_kl(trajs, rewards)
         adv = compute_advantages(totals.view(len(samples), -1), self.algo.advantage)
         with timer("update"):
-            update = self._update(trajs, adv.values, adv.keep)
+            formed = [is_well_formed(r) for r in rewards]
+            update = self._update(trajs, adv.values, adv.keep, formed)
         self.last_rollout = self._record(step, trajs, rewards, samples, budgets)
         if hasattr(self.trainer.datamodule, "on_batch_consumed"):
             self.trainer.datamodule.on_batch_consumed(batch)
@@ -142,9 +157,12 @@ class GRPOModule(pl.LightningModule):
         metrics |= update | timer.metrics() | _adv_metrics(adv)
         metrics |= {f"time/rollout_{k}": v for k, v in self.agent.timings.items()}
         metrics["rollout/staleness"] = float(self._staleness)
+        if self.reference is not None and self.algo.kl_in_reward:
+            metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(self.rollout_versions[-1][1])
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
+        self.reward_history.append((step, metrics["reward/mean"]))
         return None
 
     def _sync_engine(self) -> None:
@@ -172,16 +190,7 @@ class GRPOModule(pl.LightningModule):
         return [s for s in samples for _ in range(self.rollout_cfg.group_size)]
 
     def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
-        return compute_reward(
-            traj.response_text,
-            sample.answer,
-            sample.question_type,
-            options=sample.options,
-            num_valid_calls=traj.num_valid_calls,
-            num_tool_responses=traj.num_tool_responses,
-            weights=self.reward_weights,
-            sample_id=sample.id,
-        )
+        return trajectory_reward(traj, sample, self.reward_weights)
 
     def _rewards_with_kl(self, trajs, rewards) -> torch.Tensor:
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
@@ -195,7 +204,9 @@ class GRPOModule(pl.LightningModule):
                 ref, _, _ = self._logp(self.reference, mb)
                 per_token = kl_penalty(logp, ref, self.algo.kl_estimator, batch.loss_mask)
                 kls.append(per_token.sum(-1).cpu())
-        return totals - self.algo.kl_coef * torch.cat(kls)
+        seq_kl = torch.cat(kls)
+        self._reference_kl = float(seq_kl.mean())
+        return totals - self.algo.kl_coef * seq_kl
 
     def _logp(self, model, trajs, logits: bool = False):
         return trajectory_logprobs(
@@ -203,12 +214,15 @@ class GRPOModule(pl.LightningModule):
         )
 
     # ---- the update -------------------------------------------------------------------------
-    def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
-        items = [(t, a) for t, a, k in zip(trajs, adv.tolist(), keep.tolist(), strict=True) if k]
+    def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor, formed) -> dict[str, float]:
+        """PPO epochs x mini-batches of optimiser steps over the kept (trajectory, advantage,
+        well-formed) items; sub-agent rollouts join with their main trajectory's advantage."""
+        rows = zip(trajs, adv.tolist(), keep.tolist(), formed, strict=True)
+        items = [(t, a, f) for t, a, k, f in rows if k]
         if self.algo.train_subagents:
-            # Sub-agent rollouts share their main trajectory's advantage (PARAVT.md pitfall 4).
-            items += [(s, a) for t, a in list(items) for s in t.sub_trajectories]
-        prox = self._proximal_logprobs([t for t, _ in items])
+            # PARAVT.md pitfall 4; sub-agent text has no structural tags to anchor.
+            items += [(s, a, False) for t, a, _ in list(items) for s in t.sub_trajectories]
+        prox = self._proximal_logprobs([t for t, _, _ in items])
         opt = self.optimizers()
         sums: dict[str, float] = {}
         updates = self.algo.ppo_epochs * self.algo.ppo_mini_batches
@@ -240,16 +254,17 @@ class GRPOModule(pl.LightningModule):
         return self.algo.micro_batch_tokens
 
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
-        total = max(sum(t.num_trained_tokens for t, _ in items), 1)
-        for chunk in token_budget_chunks([len(t.token_ids) for t, _ in items], self._budget):
+        total = max(sum(t.num_trained_tokens for t, _, _ in items), 1)
+        for chunk in token_budget_chunks([len(t.token_ids) for t, _, _ in items], self._budget):
             mb = [items[i] for i in chunk]
-            weight = sum(t.num_trained_tokens for t, _ in mb) / total
+            weight = sum(t.num_trained_tokens for t, _, _ in mb) / total
             metrics = self._micro_step(mb, [prox[i] for i in chunk], weight)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
     def _micro_step(self, mb, prox, weight: float) -> dict[str, float]:
-        trajs, adv = [t for t, _ in mb], [a for _, a in mb]
+        trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
+        formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
         logp, batch, logits = self._logp(self.policy, trajs, logits=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
@@ -273,7 +288,9 @@ class GRPOModule(pl.LightningModule):
         gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
         metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
         if self.anchor_coef:
-            smask = structural_mask(batch.input_ids.to(logp.device), mask, self.struct_ids)
+            smask = structural_mask(
+                batch.input_ids.to(logp.device), mask, self.struct_ids, formed.to(logp.device)
+            )
             anchor = structural_anchor_loss(logp, smask, self.anchor_coef)
             loss = loss + anchor
             metrics["loss/anchor"] = float(anchor.detach())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
 from paravt.rewards.format import FormatTerms, format_reward, is_degenerate
 from paravt.rewards.tool import tool_reward
-from paravt.types import RewardBreakdown
+from paravt.types import RewardBreakdown, Sample, Trajectory
 
 
 @dataclass(frozen=True)
@@ -164,4 +164,34 @@ def compute_reward(
         format=fmt.total,
         tool=tool,
         components={**parts, "degenerate": 0.0, "total": total},
+    )
+
+
+def is_well_formed(reward: RewardBreakdown) -> bool:
+    """A parseable rollout: not degenerate, every tag pair balanced, a non-empty closed answer.
+
+    The structural-token anchor is applied to these rollouts only (PARAVT.md section 4(i)).
+    """
+    parts = reward.components
+    return (
+        not reward.degenerate
+        and parts.get("format/balance", 0.0) >= 1.0
+        and parts.get("format/answer", 0.0) >= 1.0
+    )
+
+
+def trajectory_reward(
+    traj: Trajectory, sample: Sample, weights: RewardWeights = RewardWeights(), **kwargs
+) -> RewardBreakdown:
+    """`compute_reward` of a rollout for its sample (text of all turns, its tool counters)."""
+    return compute_reward(
+        traj.response_text,
+        sample.answer,
+        sample.question_type,
+        options=sample.options,
+        num_valid_calls=traj.num_valid_calls,
+        num_tool_responses=traj.num_tool_responses,
+        weights=weights,
+        sample_id=sample.id,
+        **kwargs,
     )

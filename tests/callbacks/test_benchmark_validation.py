@@ -56,6 +56,15 @@ def test_evaluates_every_n_steps_and_at_the_end(tmp_path, toy, samples_path):
     assert float(trainer.callback_metrics["val/toy/accuracy"]) == pytest.approx(2 / 3)
 
 
+def test_at_start_gives_a_baseline_and_a_history(tmp_path, toy, samples_path):
+    callback = BenchmarkValidation(str(samples_path), every_n_steps=2, name="toy", at_start=True)
+    _, module, log_dir = toy.fit(tmp_path, [callback], max_steps=2)
+    # Baseline before the first update (step 0), then after step 2.
+    assert [c["step"] for c in module.eval_calls] == [0, 2]
+    assert [step for step, _ in callback.history] == [0, 2]
+    assert set(_logged(toy, log_dir, "toy")["accuracy"]) == {0, 2}
+
+
 def test_runs_in_eval_mode_without_grad_and_restores_modes(tmp_path, toy, samples_path):
     callback = BenchmarkValidation(str(samples_path), every_n_steps=1)
     _, module, _ = toy.fit(tmp_path, [callback], max_steps=2)

@@ -117,7 +117,13 @@ def test_two_step_runs_train_the_policy_not_the_vision_tower(
 
 @pytest.mark.slow
 def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
-    train(tmp_path, tiny_qwen3_dir, needle_dir)
+    _, run = train(tmp_path, tiny_qwen3_dir, needle_dir)
+    # The sampled frame budgets really reach the overview (PARAVT.md pitfall 1): K frames make
+    # K / 2 temporal patches in the prompt clip.
+    record = run.module.last_rollout
+    assert set(record.budgets) <= {4, 8}
+    for traj in record.trajectories:
+        assert int(traj.visuals[0].video_grid_thw[0, 0]) * 2 == traj.frame_budget
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
@@ -202,3 +208,26 @@ def test_a_missing_model_directory_is_named(tmp_path, needle_dir):
     cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tmp_path / "nowhere", needle_dir))
     with pytest.raises(FileNotFoundError, match=r"nowhere.*config\.json"):
         build_run(cfg)
+
+
+@pytest.mark.slow
+def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, needle_dir):
+    from paravt.modules.build import maybe_cold_start, summary
+
+    overrides = ["experiment=demo", *CPU_SCALE, "cold_start.steps=3", "cold_start.batch_size=2"]
+    overrides += [*local_paths(tmp_path, tiny_qwen3_dir, needle_dir), "name=demo_test"]
+    cfg = compose_cfg(overrides)
+    run = build_run(cfg)
+    before = run.module.policy.lm_head.weight.detach().clone()
+    losses = maybe_cold_start(cfg, run)
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    assert not torch.equal(before, run.module.policy.lm_head.weight)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    text = summary(cfg, run)
+    assert "run 'demo_test' (2 RL steps)" in text
+    assert f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} (3 steps)" in text
+    # Held-out baseline before the first update (step 0) and after step 2.
+    rows = [line.split()[0] for line in text.splitlines() if line.startswith("     ")]
+    assert rows == ["0", "2"]
+    # Resuming skips the cold start: the checkpoint already holds the weights.
+    assert maybe_cold_start(compose_cfg([*overrides, "ckpt_path=last"]), run) == []
