@@ -44,6 +44,7 @@ def build_module(cfg: DictConfig):
         reward=instantiate(cfg.reward),
         optimizer=instantiate(cfg.optimizer),
         seed=cfg.seed,
+        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
     )
 
 

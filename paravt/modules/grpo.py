@@ -10,12 +10,14 @@ arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file seq
 from __future__ import annotations
 
 import copy
+import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
 from callbacks.records import RolloutRecord
@@ -91,6 +93,7 @@ class GRPOModule(pl.LightningModule):
         reward: RewardWeights,
         optimizer: Callable,
         seed: int = 0,
+        scheduler: Callable | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -98,6 +101,7 @@ class GRPOModule(pl.LightningModule):
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
         self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
         self.seed = seed
         self.policy, self.processor = load_policy(model)
         self.reference = None
@@ -131,7 +135,10 @@ class GRPOModule(pl.LightningModule):
         return batch  # prompts hold no tensors; rollouts are built on the policy's device
 
     def configure_optimizers(self):
-        return self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": self.scheduler_factory(opt)}
 
     # ---- the step, as phases ----------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -233,6 +240,8 @@ class GRPOModule(pl.LightningModule):
                 sums["grad_norm"] = _grad_norm(self.policy)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                if self.scheduler_factory is not None:
+                    self.lr_schedulers().step()
                 self.policy_version += 1
         sums["update/trajectories"] = float(len(items))
         return sums
@@ -339,6 +348,7 @@ class GRPOModule(pl.LightningModule):
             "policy_version": self.policy_version,
             "reward_weights": asdict(self.reward_weights),
             "anchor_coef": self.anchor_coef,
+            "rng": _rng_state(),
         }
 
     def on_load_checkpoint(self, checkpoint) -> None:
@@ -349,6 +359,8 @@ class GRPOModule(pl.LightningModule):
         if "reward_weights" in saved:
             self.reward_weights = RewardWeights(**saved["reward_weights"])
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
+        if "rng" in saved:
+            _set_rng_state(saved["rng"])
 
 
 class _Timer:
@@ -365,6 +377,23 @@ class _Timer:
 
     def metrics(self) -> dict[str, float]:
         return {f"time/{k}": v for k, v in self.seconds.items()}
+
+
+def _rng_state() -> dict:
+    """RNG states in types `torch.load(weights_only=True)` accepts (numpy's as plain lists)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 def _adv_metrics(adv) -> dict[str, float]:

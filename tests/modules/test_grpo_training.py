@@ -231,3 +231,19 @@ def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, nee
     assert rows == ["0", "2"]
     # Resuming skips the cold start: the checkpoint already holds the weights.
     assert maybe_cold_start(compose_cfg([*overrides, "ckpt_path=last"]), run) == []
+
+
+@pytest.mark.slow
+def test_lr_scheduler_steps_with_every_update_and_rng_is_checkpointed(
+    tmp_path, tiny_qwen3_dir, needle_dir
+):
+    sched = (
+        "scheduler={_target_:torch.optim.lr_scheduler.LinearLR,_partial_:true,"
+        "start_factor:1.0,end_factor:0.5,total_iters:2}"
+    )
+    _, run = train(tmp_path, tiny_qwen3_dir, needle_dir, sched)
+    # LinearLR from 1.0x to 0.5x over 2 updates: after 2 steps the lr is 0.5 * 1e-2.
+    assert run.module.optimizers().param_groups[0]["lr"] == pytest.approx(5e-3)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert set(ckpt["paravt"]["rng"]) == {"torch", "python", "numpy"}
+    assert ckpt["lr_schedulers"][0]["_last_lr"][0] == pytest.approx(5e-3)
