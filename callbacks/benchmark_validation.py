@@ -2,8 +2,8 @@
 
 Every `every_n_steps` optimizer steps, and once more when training ends, `BenchmarkValidation`
 runs the module's own agent (greedy) on a held-out prompt file and logs
-`val/{name}/accuracy` (mean R_acc), `val/{name}/f_tau` (mean format reward) and
-`val/{name}/kappa` (mean tool calls per rollout) — the same means as `paravt.rl.metrics`, but
+`val/{name}/accuracy` (mean R_acc), `val/{name}/f_tau` (mean format compliance, see
+`paravt.rl.metrics.format_compliance`) and `val/{name}/kappa` (mean tool calls per rollout) — the same means as `paravt.rl.metrics`, but
 computed from sums so that they can be reduced exactly across ranks: each rank evaluates its own
 slice of the samples (`samples[rank::world_size]`).
 
@@ -27,6 +27,7 @@ import torch
 
 from callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
+from paravt.rl.metrics import format_compliance
 from paravt.types import Sample
 
 _REQUIRED = ("evaluate_agent", "score")
@@ -129,7 +130,7 @@ class BenchmarkValidation(pl.Callback):
             sums = [
                 float(len(shard)),
                 sum(r.accuracy for r in rewards),
-                sum(r.format for r in rewards),
+                sum(format_compliance(r) for r in rewards),
                 float(sum(t.num_calls for t in trajectories)),
             ]
         local = torch.tensor(sums, dtype=torch.float64, device=pl_module.device)

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from paravt.types import RewardBreakdown
+
 Values = Sequence[float] | Sequence[int] | Tensor
+
+
+def format_compliance(reward: RewardBreakdown) -> float:
+    """The per-rollout value f_tau averages: R_fmt's base credit in [0, 1], without the anchor
+    bonus (so figures compare with the paper's 0.03-0.85); `reward.format` when not itemised."""
+    return float(reward.components.get("format/base", reward.format))
 
 
 def _as_flat(values: Values) -> Tensor:  # [N] float64

@@ -18,7 +18,7 @@ from paravt.rl.advantages import (
     shape_rewards,
     zero_variance_groups,
 )
-from paravt.rl.metrics import f_tau, kappa
+from paravt.rl.metrics import f_tau, format_compliance, kappa
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -80,7 +80,7 @@ def rollout_metrics(
         "reward/format": sum(r.format for r in rewards) / n,
         "reward/tool": sum(r.tool for r in rewards) / n,
         "reward/degenerate": sum(r.degenerate for r in rewards) / n,
-        "f_tau": f_tau([r.format for r in rewards]),
+        "f_tau": f_tau([format_compliance(r) for r in rewards]),
         "kappa": kappa([t.num_calls for t in trajs]),
         "rollout/rounds": sum(t.num_rounds for t in trajs) / n,
         "rollout/response_tokens": sum(t.num_trained_tokens for t in trajs) / n,

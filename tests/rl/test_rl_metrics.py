@@ -47,3 +47,13 @@ def test_per_budget_matches_loop() -> None:
 def test_per_budget_length_mismatch() -> None:
     with pytest.raises(ValueError, match=r"values \(2\) and budgets \(3\)"):
         per_budget([1.0, 2.0], [4, 8, 16])
+
+
+def test_format_compliance_excludes_the_anchor_bonus():
+    from paravt.rl.metrics import format_compliance
+    from paravt.types import RewardBreakdown
+
+    # R_fmt = base 0.75 + 0.5 * anchor 0.7 = 1.1; f_tau averages the base credit only.
+    itemised = RewardBreakdown(total=1.1, format=1.1, components={"format/base": 0.75})
+    assert format_compliance(itemised) == 0.75
+    assert format_compliance(RewardBreakdown(total=0.4, format=0.4)) == 0.4
