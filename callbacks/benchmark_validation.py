@@ -3,9 +3,10 @@
 Every `every_n_steps` optimizer steps, and once more when training ends, `BenchmarkValidation`
 runs the module's own agent (greedy) on a held-out prompt file and logs
 `val/{name}/accuracy` (mean R_acc), `val/{name}/f_tau` (mean format compliance, see
-`paravt.rl.metrics.format_compliance`) and `val/{name}/kappa` (mean tool calls per rollout) — the same means as `paravt.rl.metrics`, but
-computed from sums so that they can be reduced exactly across ranks: each rank evaluates its own
-slice of the samples (`samples[rank::world_size]`).
+`paravt.rl.metrics.format_compliance`) and `val/{name}/kappa` (mean tool calls per rollout),
+the same means as `paravt.rl.metrics`, but computed from sums so that they can be reduced
+exactly across ranks: each rank evaluates its own slice of the samples
+(`samples[rank::world_size]`).
 
 Metrics go to the loggers directly (at `trainer.global_step`) and, during a step, into
 `trainer.callback_metrics` so that `ModelCheckpoint(monitor="val/needle/accuracy")` works.
