@@ -1,23 +1,20 @@
 """GRPOModule: the LightningModule of PARA-GRPO (rollout -> reward -> advantage -> update -> sync).
 
-Rollouts are generated inside `training_step` with the weights after update t-1, so Lightning's
-one-batch prefetch (which only prefetches prompts) cannot make them stale; the engine's weight
-version is recorded with every batch. Optimisation is manual: PPO epochs over the rollout batch,
-micro-batches by a trajectory count, gradient clipping, one optimiser step per PPO epoch. The
-arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file sequences it.
+Rollouts are generated inside `training_step` with the weights after update t-1 (the engine is
+synced at the start of the step), so Lightning's one-batch prefetch, which only reads prompts,
+cannot make them stale; the engine's weight version is recorded with every batch, and
+`rollout.max_staleness` lets it lag on purpose. Optimisation is manual: PPO epochs x mini-batches
+of optimiser steps, gradients accumulated over micro-batches of a padded-token budget, clipped.
+The arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file sequences it.
 """
 
 from __future__ import annotations
 
 import copy
-import random
-import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
 from callbacks.records import RolloutRecord
@@ -26,6 +23,7 @@ from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
 from paravt.rewards.structural import (
     STRUCTURAL_TAGS,
@@ -142,7 +140,7 @@ class GRPOModule(pl.LightningModule):
 
     # ---- the step, as phases ----------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        timer = _Timer()
+        timer = PhaseTimer()
         samples, step = list(batch.samples), batch.step
         budgets = self._budgets(samples, batch.epoch)
         with timer("sync"):
@@ -233,11 +231,14 @@ class GRPOModule(pl.LightningModule):
         opt = self.optimizers()
         sums: dict[str, float] = {}
         updates = self.algo.ppo_epochs * self.algo.ppo_mini_batches
+        # An empty batch (every group dropped as zero-variance) still takes one (no-op) step, so
+        # the step count, the checkpoints and the data position keep moving together.
+        minis = split_even(list(range(len(items))), self.algo.ppo_mini_batches) or [[]]
         for _ in range(self.algo.ppo_epochs):
-            for mini in split_even(list(range(len(items))), self.algo.ppo_mini_batches):
+            for mini in minis:
                 self._mini_step([items[i] for i in mini], [prox[i] for i in mini], sums, updates)
                 self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
-                sums["grad_norm"] = _grad_norm(self.policy)
+                sums["grad_norm"] = grad_norm(self.policy)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 if self.scheduler_factory is not None:
@@ -263,6 +264,8 @@ class GRPOModule(pl.LightningModule):
         return self.algo.micro_batch_tokens
 
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
+        # Each micro-batch's loss is weighted by its share of the mini-batch's trained tokens,
+        # which makes the accumulated gradient that of one token-mean over the mini-batch.
         total = max(sum(t.num_trained_tokens for t, _, _ in items), 1)
         for chunk in token_budget_chunks([len(t.token_ids) for t, _, _ in items], self._budget):
             mb = [items[i] for i in chunk]
@@ -277,7 +280,7 @@ class GRPOModule(pl.LightningModule):
         logp, batch, logits = self._logp(self.policy, trajs, logits=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
-        proximal = behaviour if prox[0] is None else _pad_rows(prox, logp.shape, logp.device)
+        proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
@@ -348,7 +351,7 @@ class GRPOModule(pl.LightningModule):
             "policy_version": self.policy_version,
             "reward_weights": asdict(self.reward_weights),
             "anchor_coef": self.anchor_coef,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
 
     def on_load_checkpoint(self, checkpoint) -> None:
@@ -360,40 +363,7 @@ class GRPOModule(pl.LightningModule):
             self.reward_weights = RewardWeights(**saved["reward_weights"])
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
         if "rng" in saved:
-            _set_rng_state(saved["rng"])
-
-
-class _Timer:
-    """Wall-clock seconds per named phase, for the `time/*` metrics."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        yield
-        self.seconds[name] = time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        return {f"time/{k}": v for k, v in self.seconds.items()}
-
-
-def _rng_state() -> dict:
-    """RNG states in types `torch.load(weights_only=True)` accepts (numpy's as plain lists)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+            set_rng_state(saved["rng"])
 
 
 def _adv_metrics(adv) -> dict[str, float]:
@@ -403,15 +373,3 @@ def _adv_metrics(adv) -> dict[str, float]:
         "advantage/std": float(values.std(unbiased=False)),
         "advantage/zero_variance_share": float(adv.zero_variance.float().mean()),
     }
-
-
-def _grad_norm(model) -> float:
-    grads = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
-    return float(torch.stack(grads).norm()) if grads else 0.0
-
-
-def _pad_rows(rows: Sequence[torch.Tensor], shape, device) -> torch.Tensor:
-    out = torch.zeros(shape, dtype=torch.float32, device=device)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r.to(device)
-    return out

@@ -247,3 +247,17 @@ def test_lr_scheduler_steps_with_every_update_and_rng_is_checkpointed(
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert set(ckpt["paravt"]["rng"]) == {"torch", "python", "numpy"}
     assert ckpt["lr_schedulers"][0]["_last_lr"][0] == pytest.approx(5e-3)
+
+
+@pytest.mark.slow
+def test_dropping_every_group_still_advances_the_step(tmp_path, tiny_qwen3_dir, needle_dir):
+    # G = 1: every group has zero variance, so dynamic sampling drops all of them.
+    _, run = train(
+        tmp_path,
+        tiny_qwen3_dir,
+        needle_dir,
+        "rollout.group_size=1",
+        "algorithm.advantage.drop_zero_variance=true",
+    )
+    assert run.trainer.global_step == 2
+    assert [s for s, _ in run.module.seen_prompts] == [0, 1]
