@@ -323,7 +323,7 @@ class GRPOModule(pl.LightningModule):
             group_size=self.rollout_cfg.group_size,
             budgets=tuple(budgets),
             windows=tuple(s.windows for s in samples),
-            durations=tuple(float(s.extra.get("duration", 0.0)) for s in samples),
+            durations=tuple(self.agent.source.info(s.video).duration for s in samples),
         )
 
     # ---- evaluation and export ------------------------------------------------------------
