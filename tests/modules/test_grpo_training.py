@@ -261,3 +261,74 @@ def test_dropping_every_group_still_advances_the_step(tmp_path, tiny_qwen3_dir, 
     )
     assert run.trainer.global_step == 2
     assert [s for s, _ in run.module.seen_prompts] == [0, 1]
+
+
+@pytest.mark.slow
+def test_rollouts_of_step_t_come_from_the_weights_after_update_t_minus_1(
+    tmp_path, tiny_qwen3_dir, needle_dir
+):
+    import copy
+
+    import lightning.pytorch as pl
+
+    from paravt.modules.forward import trajectory_logprobs
+
+    class Snapshot(pl.Callback):
+        def __init__(self):
+            self.states, self.records = [], []
+
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            self.states.append(copy.deepcopy(pl_module.policy.state_dict()))
+            self.records.append(pl_module.last_rollout)
+
+    cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tiny_qwen3_dir, needle_dir))
+    run = build_run(cfg)
+    snap = Snapshot()
+    run.trainer.callbacks.append(snap)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    probe = copy.deepcopy(run.module.policy)
+    trajs = [t for t in snap.records[1].trajectories if t.num_trained_tokens]
+
+    def gap(state):
+        probe.load_state_dict(state)
+        with torch.no_grad():
+            logp, batch, _ = trajectory_logprobs(probe, trajs, run.module.token_ids, 0.7)
+        mask = batch.loss_mask
+        return (logp - batch.old_logp).abs()[mask].max().item()
+
+    # Step 1 sampled with the weights after update 0, not with those after update 1.
+    assert gap(snap.states[0]) < 2e-4
+    assert gap(snap.states[1]) > 1e-3
+
+
+@pytest.mark.slow
+def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_qwen3_dir, needle_dir):
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "-m",
+        "experiment=demo",
+        "reward.format_weight=0.5,1.0",
+        "trainer.max_steps=1",
+        "cold_start=null",
+        f"hydra.sweep.dir={tmp_path}",
+        f"model.path={tiny_qwen3_dir}",
+        "model.build_tiny=null",
+        f"data.train_path={needle_dir / 'train.jsonl'}",
+        f"data.eval_path={needle_dir / 'eval.jsonl'}",
+        "data.generate=null",
+        "data.batch_size=1",
+        "rollout.group_size=2",
+        "rollout.agent.max_new_tokens=8",
+        "callbacks.benchmark_validation.limit=1",
+        "trainer.enable_progress_bar=false",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job in ("0", "1"):
+        assert (tmp_path / job / "checkpoints" / "last.ckpt").exists()
+        assert (tmp_path / job / "hf" / "config.json").exists()
+    assert out.stdout.count("== paravt run 'demo' (1 RL steps) ==") == 2
