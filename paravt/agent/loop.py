@@ -41,6 +41,7 @@ class AgentConfig:
     max_total_tokens: int = 8192
     subagent_max_tokens: int = 512
     overview_max_pixels: int = 50176
+    forced_answer: str = prompts.FORCED_ANSWER
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -219,7 +220,7 @@ class AgentLoop:
     def _append_responses(self, st: _State, results: Sequence[ToolResult], last: bool) -> None:
         messages = [prompts.tool_message(r, self.cfg.mode) for r in results]
         if last:
-            messages.append(prompts.forced_answer_message())
+            messages.append(prompts.forced_answer_message(self.cfg.forced_answer))
             st.forced = True
         clips: list[Frames] = []
         if self.cfg.mode == "frames":

@@ -104,8 +104,9 @@ def tool_message(result: ToolResult, mode: str) -> dict[str, Any]:
     }
 
 
-def forced_answer_message() -> dict[str, Any]:
-    return {"role": "user", "content": FORCED_ANSWER}
+def forced_answer_message(text: str = FORCED_ANSWER) -> dict[str, Any]:
+    """The user message after the last tool round (benchmarks pass their own wording)."""
+    return {"role": "user", "content": text}
 
 
 def subagent_messages(start: float, end: float) -> list[dict[str, Any]]:
