@@ -26,6 +26,8 @@ CORE = [
     "paravt.rl.objective",
     "paravt.data.schemas",
     "paravt.rollout.engine",
+    "paravt.eval.scoring",
+    "paravt.eval.benchmarks",
 ]
 FORBIDDEN = ("lightning", "hydra", "vllm", "decord", "pytorch_lightning")
 

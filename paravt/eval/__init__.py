@@ -1,0 +1,1 @@
+"""Evaluation: benchmark adapters (`paravt.eval.benchmarks`), scoring, and the runner."""

@@ -1,0 +1,36 @@
+"""Benchmark adapters by name: `get_benchmark("videomme")`, or `BENCHMARKS` to list them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from paravt.eval.benchmarks.base import AnnotationError, Benchmark, EvalItem
+from paravt.eval.benchmarks.charades import charades
+from paravt.eval.benchmarks.longvideobench import longvideobench
+from paravt.eval.benchmarks.lvbench import lvbench
+from paravt.eval.benchmarks.mlvu import mlvu
+from paravt.eval.benchmarks.mmvu import mmvu
+from paravt.eval.benchmarks.videomme import videomme, videomme_sub
+
+BENCHMARKS: dict[str, Callable[..., Benchmark]] = {
+    "videomme": videomme,
+    "videomme_sub": videomme_sub,
+    "longvideobench": longvideobench,
+    "lvbench": lvbench,
+    "mlvu": mlvu,
+    "mmvu": mmvu,
+    "charades": charades,
+}
+
+
+def get_benchmark(name: str, **kwargs) -> Benchmark:
+    """The benchmark `name` built with `kwargs` (videomme_sub: subtitle_root; mmvu: disciplines)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of: {', '.join(BENCHMARKS)}")
+    try:
+        return BENCHMARKS[name](**kwargs)
+    except TypeError as error:
+        raise TypeError(f"benchmark {name!r}: bad arguments {sorted(kwargs)}: {error}") from error
+
+
+__all__ = ["BENCHMARKS", "AnnotationError", "Benchmark", "EvalItem", "get_benchmark"]

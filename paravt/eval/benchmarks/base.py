@@ -1,0 +1,197 @@
+"""What every benchmark adapter shares: the item type, the protocol, and strict row reading.
+
+An adapter turns one benchmark's official annotation file into `EvalItem`s (a `Sample` with the
+full user text the model sees, plus breakdown labels) and scores final responses. Rows are read
+strictly: a missing or mistyped field raises `AnnotationError` naming the file, the row and the
+field, because BENCHMARKS.md infers some fields and a silent default would corrupt a reported
+number. A missing video is not an error: the item is kept, flagged, scored wrong and counted.
+
+This module deliberately does not decode video, run a model or know any one benchmark's schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from paravt.eval import scoring
+from paravt.types import Sample
+
+MCQ_FORCED_ANSWER = (
+    "You have no tool calls left. Answer now with only the letter of the correct option, "
+    "inside <answer> </answer>."
+)
+MCQ_INSTRUCTION = "Answer with the option letter only."
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One benchmark question: the sample, its breakdown labels, and whether its video is absent."""
+
+    sample: Sample
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    video_missing: bool = False
+
+
+class Benchmark(Protocol):
+    name: str
+    forced_answer: str
+
+    def load(
+        self, annotations: str, video_root: str, limit: int | None = None
+    ) -> list[EvalItem]: ...
+
+    def score(self, item: EvalItem, response: str) -> dict[str, float]: ...
+
+    def report(
+        self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
+    ) -> dict[str, float]: ...
+
+
+class AnnotationError(ValueError):
+    """A malformed annotation row: names the file, the row, the field and what was expected."""
+
+    def __init__(self, path: str, row: int | str, field_name: str, reason: str) -> None:
+        self.path, self.row, self.field = path, row, field_name
+        super().__init__(f"{path}: row {row}: field {field_name!r}: {reason}")
+
+
+# ------------------------------------------------------------------ reading rows
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a .parquet, .json (a list of objects) or .jsonl annotation file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"annotation file not found: {path}; pass the downloaded file")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # here, not at the top: json-only users need no pyarrow
+
+        return pq.read_table(path).to_pylist()
+    with open(path, encoding="utf-8") as handle:
+        if path.endswith(".jsonl"):
+            rows = [json.loads(line) for line in handle if line.strip()]
+        else:
+            rows = json.load(handle)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise AnnotationError(path, "-", "<file>", "expected a list of JSON objects")
+    return rows
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "list": (list, tuple),
+    "dict": (dict,),
+    "id": (str, int),  # an identifier: a string or an integer
+}
+
+
+def get_field(row: Mapping[str, Any], name: str, kind: str, path: str, index: int) -> Any:
+    """`row[name]`, required to exist, be non-None and of `kind` ("str", "int", "float", "list",
+    "dict", "id"); a string must be non-empty after stripping."""
+    value = row.get(name)
+    if value is None:
+        raise AnnotationError(path, index, name, f"missing (row has: {', '.join(sorted(row))})")
+    ok = isinstance(value, _KINDS[kind]) and not isinstance(value, bool)
+    if not ok or (isinstance(value, str) and not value.strip()):
+        raise AnnotationError(path, index, name, f"expected a non-empty {kind}, got {value!r}")
+    return value
+
+
+def take(rows: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    """The first `limit` rows (all when None); a negative limit is a user error."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    return rows if limit is None else rows[:limit]
+
+
+def resolve_video(candidates: Sequence[str]) -> tuple[str, bool]:
+    """The first existing path of `candidates` (absolute), else the first one and missing=True."""
+    for path in candidates:
+        if os.path.isfile(path):
+            return os.path.abspath(path), False
+    return os.path.abspath(candidates[0]), True
+
+
+def check_unique_ids(items: Sequence[EvalItem], path: str) -> list[EvalItem]:
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        if item.sample.id in seen:
+            raise AnnotationError(path, index, "id", f"duplicate id {item.sample.id!r}")
+        seen.add(item.sample.id)
+    return list(items)
+
+
+# ------------------------------------------------------------------ multiple choice
+
+
+def mcq_prompt(question: str, options: Sequence[str], prefix: str = "") -> str:
+    """The MCQ user text: `prefix` + "Question: q\\nOptions:\\nA. x\\nB. y\\nAnswer with ..."."""
+    letters = scoring.option_letters(len(options))
+    lettered = "\n".join(f"{letter}. {text}" for letter, text in zip(letters, options, strict=True))
+    return f"{prefix}Question: {question.strip()}\nOptions:\n{lettered}\n{MCQ_INSTRUCTION}"
+
+
+def check_gold(gold: str, options: Sequence[str], path: str, index: int, name: str) -> str:
+    """The gold letter, upper-cased, required to be one of the options' letters."""
+    letter = gold.strip().upper()
+    letters = scoring.option_letters(len(options))
+    if len(letter) != 1 or letter not in letters:
+        raise AnnotationError(path, index, name, f"gold {gold!r} is not one of {list(letters)}")
+    return letter
+
+
+Loader = Callable[..., list[EvalItem]]  # (annotations, video_root, limit) -> items
+HeadlineFn = Callable[[Mapping[str, float]], dict[str, float]]
+
+
+def _no_headline(_metrics: Mapping[str, float]) -> dict[str, float]:
+    return {}
+
+
+def summarize(
+    items: Sequence[EvalItem],
+    scores: Sequence[Mapping[str, float]],
+    names: Mapping[str, str],  # score key -> reported metric name, e.g. {"correct": "accuracy"}
+) -> dict[str, float]:
+    """Overall and per-group means of each score, plus "missing_videos" and "num_samples"."""
+    if len(items) != len(scores):
+        raise ValueError(f"{len(items)} items but {len(scores)} scores")
+    metrics: dict[str, float] = {}
+    groups = [item.groups for item in items]
+    for key, name in names.items():
+        values = [float(s[key]) for s in scores]
+        metrics[name] = scoring.mean(values)
+        metrics.update(scoring.grouped_means(groups, values, name))
+    metrics["missing_videos"] = float(sum(item.video_missing for item in items))
+    metrics["num_samples"] = float(len(items))
+    return metrics
+
+
+@dataclass(frozen=True)
+class MultipleChoiceBenchmark:
+    """A multiple-choice benchmark: `loader` reads its schema, scoring is shared."""
+
+    name: str
+    loader: Loader
+    forced_answer: str = MCQ_FORCED_ANSWER
+    headline: HeadlineFn = _no_headline
+
+    def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+        return check_unique_ids(self.loader(annotations, video_root, limit), annotations)
+
+    def score(self, item: EvalItem, response: str) -> dict[str, float]:
+        if item.video_missing:
+            return {"correct": 0.0}
+        return scoring.score_choice(response, item.sample.answer, item.sample.options)
+
+    def report(
+        self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
+    ) -> dict[str, float]:
+        metrics = summarize(items, scores, {"correct": "accuracy"})
+        metrics.update(self.headline(metrics))
+        return metrics

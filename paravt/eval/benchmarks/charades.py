@@ -1,0 +1,132 @@
+"""Charades-STA (test, temporal grounding): annotations to `EvalItem`s, IoU scoring, mIoU/R@k.
+
+Two layouts are read: the HF `lmms-lab/charades_sta` parquet (video: a file name, with extension
+(inferred; `.mp4` is tried when absent), caption, timestamp: [start, end] seconds) and the
+original text format, one `VID start end##sentence` per line (video `{video_root}/{VID}.mp4`).
+Items get id f"{video stem}-{row}", the grounding prompt as question, the gold as "[s, e]" and
+as `Sample.windows`. Scores: IoU = intersection / (max end - min start); an unparseable answer or
+a missing video scores IoU 0 and stays in the denominator. Report: miou, r@0.3, r@0.5, r@0.7.
+
+This module deliberately does not parse intervals itself (see `paravt.eval.scoring`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from paravt.eval import scoring
+from paravt.eval.benchmarks.base import (
+    AnnotationError,
+    EvalItem,
+    check_unique_ids,
+    get_field,
+    read_rows,
+    resolve_video,
+    summarize,
+    take,
+)
+from paravt.types import Sample
+
+ANSWER_FORM = "The event happens in the X.X - Y.Y seconds."
+FORCED_ANSWER = f"You have no tool calls left. Answer now in exactly this form: {ANSWER_FORM}"
+PROMPT = (
+    'Find the start and end time of this event in the video: "{caption}"\n'
+    'Answer in the form "The event happens in the start - end seconds."'
+)
+METRIC_NAMES = {"iou": "miou", **{f"r@{t}": f"r@{t}" for t in scoring.RECALL_THRESHOLDS}}
+
+
+def grounding_prompt(caption: str) -> str:
+    return PROMPT.format(caption=caption.strip())
+
+
+def _interval(value: Any, path: str, index: int) -> tuple[float, float]:
+    """A finite [start, end] pair with start <= end (a reversed pair is a malformed row)."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 2
+    pair = tuple(float(v) for v in value) if ok and all(_is_number(v) for v in value) else None
+    if pair is None or not all(math.isfinite(v) for v in pair) or pair[0] > pair[1]:
+        raise AnnotationError(path, index, "timestamp", f"expected [start, end], got {value!r}")
+    return pair
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_txt(path: str) -> list[dict[str, Any]]:
+    """Rows {video, caption, timestamp} from the original `VID start end##sentence` lines."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.strip() for line in handle if line.strip()]
+    for index, line in enumerate(lines):
+        head, sep, caption = line.partition("##")
+        parts = head.split()
+        try:
+            start, end = float(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            start = end = math.nan
+        if not sep or len(parts) != 3 or math.isnan(start + end):
+            reason = f"expected 'VID start end##sentence', got {line!r}"
+            raise AnnotationError(path, index, "line", reason)
+        rows.append({"video": parts[0] + ".mp4", "caption": caption, "timestamp": [start, end]})
+    return rows
+
+
+def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
+    name = get_field(row, "video", "str", path, index).strip()
+    caption = get_field(row, "caption", "str", path, index)
+    start, end = _interval(get_field(row, "timestamp", "list", path, index), path, index)
+    candidates = [os.path.join(root, name)]
+    if not os.path.splitext(name)[1]:
+        candidates.insert(0, os.path.join(root, name + ".mp4"))
+    video, missing = resolve_video(candidates)
+    stem = os.path.splitext(os.path.basename(name))[0]
+    sample = Sample(
+        id=f"{stem}-{index}",
+        video=video,
+        question=grounding_prompt(caption),
+        # float16 timestamps (24.296875) are shown rounded; `windows` keeps the exact values.
+        answer=f"[{round(start, 2):g}, {round(end, 2):g}]",
+        question_type="tvg",
+        windows=((start, end),),
+        data_source="charades",
+        extra={"caption": caption.strip()},
+    )
+    return EvalItem(sample=sample, groups={}, video_missing=missing)
+
+
+def load_charades(annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+    is_txt = annotations.endswith(".txt")
+    if is_txt and not os.path.isfile(annotations):
+        raise FileNotFoundError(f"annotation file not found: {annotations}")
+    rows = take(parse_txt(annotations) if is_txt else read_rows(annotations), limit)
+    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+
+
+@dataclass(frozen=True)
+class CharadesBenchmark:
+    """Temporal grounding on Charades-STA."""
+
+    name: str = "charades"
+    forced_answer: str = FORCED_ANSWER
+
+    def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+        return check_unique_ids(load_charades(annotations, video_root, limit), annotations)
+
+    def score(self, item: EvalItem, response: str) -> dict[str, float]:
+        if item.video_missing:
+            return scoring.grounding_scores(0.0)
+        return scoring.score_grounding(response, item.sample.windows[0])
+
+    def report(
+        self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
+    ) -> dict[str, float]:
+        return summarize(items, scores, METRIC_NAMES)
+
+
+def charades() -> CharadesBenchmark:
+    return CharadesBenchmark()

@@ -1,0 +1,140 @@
+"""MMVU (validation, multiple-choice part): `data/validation.json` to `EvalItem`s.
+
+Rows: id, video (a URL ending `/videos/{Subject_Dir}/{n}.mp4`), question_type, metadata
+{subject, ...}, question, choices (a dict letter -> text), answer (a letter). Only rows whose
+question_type is "multiple-choice" are kept (the reference driver forgot this filter); `limit`
+counts kept rows. Videos: `{video_root}/videos/{Subject_Dir}/{n}.mp4`. The discipline comes from
+the subject folder through `DISCIPLINES` (inferred from the MMVU paper's taxonomy; a folder not in
+it is reported as discipline "other" and the folder name stays visible under "subject"). Pass
+`disciplines=` to `mmvu()` to supply another mapping.
+
+This module deliberately does not score the open-ended part (it needs an LLM judge).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+from paravt.eval.benchmarks.base import (
+    AnnotationError,
+    EvalItem,
+    MultipleChoiceBenchmark,
+    check_gold,
+    get_field,
+    mcq_prompt,
+    read_rows,
+    resolve_video,
+    take,
+)
+from paravt.eval.scoring import LETTERS
+from paravt.types import Sample
+
+KEPT_QUESTION_TYPE = "multiple-choice"
+_VIDEO_URL = re.compile(r"/videos/([^/]+)/([^/?#]+\.mp4)(?:[?#].*)?$")
+
+_BY_DISCIPLINE = {
+    "Science": ("astronomy", "biology", "chemistry", "geography", "physics"),
+    "Engineering": (
+        "civil engineering",
+        "computer science",
+        "electrical engineering",
+        "electronics and communication",
+        "materials science",
+        "mechanical engineering",
+        "mechanics",
+        "biomedical engineering",
+    ),
+    "Healthcare": (
+        "basic medicine",
+        "clinical medicine",
+        "dentistry",
+        "pharmacy",
+        "preventive medicine",
+    ),
+    "Humanities & Social Science": (
+        "art",
+        "economics",
+        "history",
+        "law",
+        "literature",
+        "management",
+        "music",
+        "sociology",
+    ),
+}
+DISCIPLINES: dict[str, str] = {s: d for d, subjects in _BY_DISCIPLINE.items() for s in subjects}
+"""Normalised subject (lower case, "_" and "-" as spaces) -> discipline."""
+OTHER_DISCIPLINE = "other"
+
+
+def normalise_subject(folder: str) -> str:
+    return " ".join(folder.replace("_", " ").replace("-", " ").lower().split())
+
+
+def video_location(url: str, path: str, index: int) -> tuple[str, str]:
+    """(Subject_Dir, file name) from ".../videos/{Subject_Dir}/{n}.mp4"."""
+    found = _VIDEO_URL.search(url)
+    if found is None:
+        reason = f"{url!r} does not end in '/videos/<Subject_Dir>/<n>.mp4'"
+        raise AnnotationError(path, index, "video", reason)
+    return found.group(1), found.group(2)
+
+
+def _options(choices: dict[str, Any], path: str, index: int) -> tuple[str, ...]:
+    """The non-empty choice texts in letter order; the letters must run A, B, ... without gaps."""
+    kept = {k.strip().upper(): v for k, v in choices.items() if isinstance(v, str) and v.strip()}
+    letters = "".join(sorted(kept))
+    if not letters or letters != LETTERS[: len(letters)]:
+        raise AnnotationError(path, index, "choices", f"expected letters A, B, ...: {choices!r}")
+    return tuple(kept[letter].strip() for letter in letters)
+
+
+def _item(
+    row: dict[str, Any], index: int, path: str, root: str, disciplines: Mapping[str, str]
+) -> EvalItem:
+    def field(name: str, kind: str = "str") -> Any:
+        return get_field(row, name, kind, path, index)
+
+    subject_dir, file_name = video_location(field("video"), path, index)
+    options = _options(field("choices", "dict"), path, index)
+    video, missing = resolve_video([os.path.join(root, "videos", subject_dir, file_name)])
+    discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
+    sample = Sample(
+        id=str(field("id", "id")),
+        video=video,
+        question=mcq_prompt(field("question"), options),
+        answer=check_gold(field("answer"), options, path, index, "answer"),
+        question_type="mcq",
+        options=options,
+        data_source="mmvu",
+        extra={"subject": subject_dir},
+    )
+    groups = {"discipline": (discipline,), "subject": (subject_dir,)}
+    return EvalItem(sample=sample, groups=groups, video_missing=missing)
+
+
+def load_mmvu(
+    annotations: str,
+    video_root: str,
+    limit: int | None = None,
+    disciplines: Mapping[str, str] = DISCIPLINES,
+) -> list[EvalItem]:
+    rows = read_rows(annotations)
+    for index, row in enumerate(rows):
+        get_field(row, "question_type", "str", annotations, index)
+    kept = [(i, r) for i, r in enumerate(rows) if r["question_type"] == KEPT_QUESTION_TYPE]
+    # Row numbers in errors stay those of the file, not of the filtered list.
+    return [_item(r, i, annotations, video_root, disciplines) for i, r in take(kept, limit)]
+
+
+def mmvu(disciplines: Mapping[str, str] | None = None) -> MultipleChoiceBenchmark:
+    mapping = (
+        DISCIPLINES
+        if disciplines is None
+        else {normalise_subject(k): v for k, v in disciplines.items()}
+    )
+    return MultipleChoiceBenchmark(name="mmvu", loader=partial(load_mmvu, disciplines=mapping))

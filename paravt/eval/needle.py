@@ -1,0 +1,88 @@
+"""The synthetic needle benchmark: paravt's own held-out needle split as a `Benchmark` adapter.
+
+It lets the evaluation runner be exercised end to end on CPU (BENCHMARKS.md, last section).
+Rows are paravt-layout prompt rows (`paravt.video.synthetic.generate` writes `eval.jsonl` /
+`eval.parquet`); relative video paths resolve against `video_root`, or the annotation file's
+folder when `video_root` is empty. Rows are read strictly: a malformed row raises, since a
+skipped row would silently change the denominator of a reported number.
+
+Scores: "accuracy" is the option-letter match for mcq items and the temporal IoU for tvg items
+(the same quantity as the training reward's R_acc). The forced answer is the agent's generic
+one, since a needle split mixes letters and intervals. Report: accuracy overall and by family
+and question type, plus missing_videos and num_samples.
+
+This module deliberately does not generate needle data nor run a model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from paravt.agent.prompts import FORCED_ANSWER
+from paravt.data.datasets import load_rows
+from paravt.data.schemas import DataRowError, row_to_sample
+from paravt.eval import scoring
+from paravt.eval.benchmarks.base import (
+    AnnotationError,
+    EvalItem,
+    check_unique_ids,
+    summarize,
+    take,
+)
+
+
+def load_needle(annotations: str, video_root: str = "", limit: int | None = None) -> list[EvalItem]:
+    """`EvalItem`s of a needle split; a video absent on disk is kept and flagged missing."""
+    if not os.path.isfile(annotations):
+        raise FileNotFoundError(
+            f"needle annotations not found: {annotations}; generate them with "
+            "`paravt make-needle-data --out DIR` (or train once) or pass benchmark.annotations"
+        )
+    base_dir = video_root or os.path.dirname(os.path.abspath(annotations))
+    items = []
+    for index, row in enumerate(take(load_rows(annotations), limit)):
+        try:
+            sample = row_to_sample(row, base_dir=base_dir, row_index=index, layout="paravt")
+        except DataRowError as error:
+            raise AnnotationError(annotations, index, error.field, error.reason) from error
+        labels = {"question_type": (sample.question_type,)}
+        family = sample.extra.get("family")
+        if family:
+            labels["family"] = (str(family),)
+        items.append(
+            EvalItem(sample=sample, groups=labels, video_missing=not os.path.isfile(sample.video))
+        )
+    return items
+
+
+@dataclass(frozen=True)
+class NeedleBenchmark:
+    """Multiple-choice and grounding needle questions, scored like the training accuracy."""
+
+    name: str = "needle"
+    forced_answer: str = FORCED_ANSWER
+
+    def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+        return check_unique_ids(load_needle(annotations, video_root, limit), annotations)
+
+    def score(self, item: EvalItem, response: str) -> dict[str, float]:
+        if item.video_missing:
+            return {"accuracy": 0.0}
+        sample = item.sample
+        if sample.question_type == "tvg":
+            gold = sample.windows[0] if sample.windows else (0.0, 0.0)
+            return {"accuracy": scoring.score_grounding(response, gold)["iou"]}
+        return {
+            "accuracy": scoring.score_choice(response, sample.answer, sample.options)["correct"]
+        }
+
+    def report(
+        self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
+    ) -> dict[str, float]:
+        return summarize(items, scores, {"accuracy": "accuracy"})
+
+
+def needle() -> NeedleBenchmark:
+    return NeedleBenchmark()
