@@ -43,7 +43,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     engine = TransformersEngine(model, processor.tokenizer)
     with VideoReader() as source, torch.no_grad():
         loop = build_agent_loop(
-            engine, ChatRenderer(processor), source, protocol, benchmark.forced_answer
+            engine,
+            ChatRenderer(processor),
+            source,
+            protocol,
+            benchmark.forced_answer,
+            getattr(benchmark, "forced_answer_max_tokens", None),
         )
         try:
             return run_benchmark(benchmark, items, loop, cfg.out_dir, protocol)

@@ -42,6 +42,7 @@ class AgentConfig:
     subagent_max_tokens: int = 512
     overview_max_pixels: int = 50176
     forced_answer: str = prompts.FORCED_ANSWER
+    forced_answer_max_tokens: int | None = None  # cap of the forced turn (None: max_new_tokens)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -132,7 +133,7 @@ class AgentLoop:
             if not active:
                 break
             t0 = time.perf_counter()
-            outputs = self.engine.generate([st.request() for st in active], turn_params)
+            outputs = self._generate(active, turn_params)
             self.timings["generate"] += time.perf_counter() - t0
             with_calls = [
                 (st, calls)
@@ -143,6 +144,25 @@ class AgentLoop:
         return [self._finish(st) for st in states]
 
     # ---- phases -------------------------------------------------------------------------
+    def _generate(self, active: Sequence[_State], params: SamplingParams):
+        """One engine call for the round; forced-answer turns get their own call when they have
+        their own token cap (BENCHMARKS.md: 64 tokens for a letter, 128 for an interval)."""
+        cap = self.cfg.forced_answer_max_tokens
+        forced = [i for i, st in enumerate(active) if st.forced] if cap else []
+        if not forced:
+            return self.engine.generate([st.request() for st in active], params)
+        free = [i for i in range(len(active)) if i not in set(forced)]
+        outputs: list = [None] * len(active)
+        for group, p in ((free, params), (forced, replace(params, max_new_tokens=cap))):
+            if group:
+                for i, out in zip(
+                    group,
+                    self.engine.generate([active[i].request() for i in group], p),
+                    strict=True,
+                ):
+                    outputs[i] = out
+        return outputs
+
     def _start(self, sample: Sample, budget: int, group_size: int) -> list[_State]:
         info = self.source.info(sample.video)
         indices = uniform_indices(info.num_frames, budget)

@@ -75,7 +75,9 @@ def make_benchmark(name: str, **options: Any) -> Benchmark:
     return EVAL_BENCHMARKS[name](**options)
 
 
-def agent_config(cfg: EvalConfig, forced_answer: str) -> AgentConfig:
+def agent_config(
+    cfg: EvalConfig, forced_answer: str, forced_answer_max_tokens: int | None = None
+) -> AgentConfig:
     return AgentConfig(
         max_rounds=cfg.max_rounds,
         mode=cfg.mode,
@@ -85,6 +87,7 @@ def agent_config(cfg: EvalConfig, forced_answer: str) -> AgentConfig:
         max_total_tokens=cfg.max_total_tokens,
         overview_max_pixels=cfg.overview_max_pixels,
         forced_answer=forced_answer,
+        forced_answer_max_tokens=forced_answer_max_tokens,
     )
 
 
@@ -100,10 +103,19 @@ def crop_config(cfg: EvalConfig, factor: int) -> CropConfig:
     )
 
 
-def build_agent_loop(engine, renderer, source, cfg: EvalConfig, forced_answer: str) -> AgentLoop:
+def build_agent_loop(
+    engine,
+    renderer,
+    source,
+    cfg: EvalConfig,
+    forced_answer: str,
+    forced_answer_max_tokens: int | None = None,
+) -> AgentLoop:
     """An `AgentLoop` set up for the protocol `cfg` and a benchmark's forced-answer message."""
     crop = crop_config(cfg, renderer.frame_factor)
-    return AgentLoop(engine, renderer, source, agent_config(cfg, forced_answer), crop)
+    return AgentLoop(
+        engine, renderer, source, agent_config(cfg, forced_answer, forced_answer_max_tokens), crop
+    )
 
 
 # ------------------------------------------------------------------ predictions file

@@ -164,3 +164,21 @@ def test_qwen2_5_trajectories_align_tokens_and_clips(tiny_qwen25_dir, needle_sam
             model, [traj], TokenIds.from_tokenizer(processor.tokenizer)
         )
     assert torch.isfinite(logp[0][batch.loss_mask[0]]).all()
+
+
+def test_the_forced_answer_turn_has_its_own_token_cap(processor, needle_samples):
+    turn = "x</think>\n" + call_text(1, 5)
+    cfg = AgentConfig(max_rounds=1, forced_answer="Letter only.", forced_answer_max_tokens=3)
+    (traj,) = scripted_loop(processor, turn, cfg=cfg, always=True).run(
+        needle_samples[:1], [4], 1, GREEDY
+    )
+    # Round 0 writes the whole call; the forced turn is cut at 3 tokens ("length").
+    assert traj.turns[0].results[0].ok and traj.turns[1].forced_answer
+    assert traj.finish_reason == "length"
+    assert "Letter only." in processor.tokenizer.decode(list(traj.token_ids))
+    last_run = 0
+    for m in reversed(traj.loss_mask):
+        if not m:
+            break
+        last_run += 1
+    assert last_run == 3

@@ -239,3 +239,13 @@ def test_format_metrics_shows_fractions_as_percent_and_counts_as_counts():
         "accuracy     62.5",
         "num_samples  8",
     ]
+
+
+def test_benchmarks_cap_the_forced_answer_turn():
+    from paravt.eval.benchmarks import get_benchmark
+    from paravt.eval.runner import EvalConfig, agent_config
+
+    for name, cap in (("videomme", 64), ("mlvu", 64), ("charades", 128)):
+        bench = get_benchmark(name)
+        cfg = agent_config(EvalConfig(), bench.forced_answer, bench.forced_answer_max_tokens)
+        assert (cfg.forced_answer, cfg.forced_answer_max_tokens) == (bench.forced_answer, cap)

@@ -180,6 +180,7 @@ class MultipleChoiceBenchmark:
     loader: Loader
     forced_answer: str = MCQ_FORCED_ANSWER
     headline: HeadlineFn = _no_headline
+    forced_answer_max_tokens: int | None = 64  # BENCHMARKS.md: a letter, <= 64 tokens
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(self.loader(annotations, video_root, limit), annotations)
