@@ -151,7 +151,7 @@ class AgentLoop:
         forced = [i for i, st in enumerate(active) if st.forced] if cap else []
         if not forced:
             return self.engine.generate([st.request() for st in active], params)
-        free = [i for i in range(len(active)) if i not in set(forced)]
+        free = sorted(set(range(len(active))) - set(forced))
         outputs: list = [None] * len(active)
         for group, p in ((free, params), (forced, replace(params, max_new_tokens=cap))):
             if group:

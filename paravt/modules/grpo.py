@@ -35,6 +35,7 @@ from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
 from paravt.rl.objective import (
     AdvantageConfig,
+    advantage_metrics,
     compute_advantages,
     rollout_metrics,
     split_even,
@@ -159,7 +160,7 @@ class GRPOModule(pl.LightningModule):
         if hasattr(self.trainer.datamodule, "on_batch_consumed"):
             self.trainer.datamodule.on_batch_consumed(batch)
         metrics = rollout_metrics(trajs, rewards, budgets, self.rollout_cfg.group_size)
-        metrics |= update | timer.metrics() | _adv_metrics(adv)
+        metrics |= update | timer.metrics() | advantage_metrics(adv)
         metrics |= {f"time/rollout_{k}": v for k, v in self.agent.timings.items()}
         metrics["rollout/staleness"] = float(self._staleness)
         if self.reference is not None and self.algo.kl_in_reward:
@@ -198,16 +199,22 @@ class GRPOModule(pl.LightningModule):
         return trajectory_reward(traj, sample, self.reward_weights)
 
     def _rewards_with_kl(self, trajs, rewards) -> torch.Tensor:
+        """R - kl_coef * KL(sampling policy || reference) per rollout (reward-side KL).
+
+        The sampling policy's log-probs are the behaviour log-probs the engine returned, so only
+        the reference needs a forward pass.
+        """
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
         if self.reference is None or not self.algo.kl_in_reward:
             return totals
         kls = []
         with torch.no_grad():
-            for chunk in token_budget_chunks([len(t.token_ids) for t in trajs], self._budget):
+            for chunk in self._chunks(trajs):
                 mb = [trajs[i] for i in chunk]
-                logp, batch, _ = self._logp(self.policy, mb)
-                ref, _, _ = self._logp(self.reference, mb)
-                per_token = kl_penalty(logp, ref, self.algo.kl_estimator, batch.loss_mask)
+                ref, batch, _ = self._logp(self.reference, mb)
+                behaviour = batch.old_logp.to(ref.device)
+                mask = batch.loss_mask.to(ref.device)
+                per_token = kl_penalty(behaviour, ref, self.algo.kl_estimator, mask)
                 kls.append(per_token.sum(-1).cpu())
         seq_kl = torch.cat(kls)
         self._reference_kl = float(seq_kl.mean())
@@ -253,21 +260,22 @@ class GRPOModule(pl.LightningModule):
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
-            for chunk in token_budget_chunks([len(t.token_ids) for t in trajs], self._budget):
+            for chunk in self._chunks(trajs):
                 logp, _, _ = self._logp(self.policy, [trajs[i] for i in chunk])
                 for row, i in enumerate(chunk):
                     out[i] = logp[row, : len(trajs[i].token_ids)].detach()
         return out
 
-    @property
-    def _budget(self) -> int:
-        return self.algo.micro_batch_tokens
+    def _chunks(self, trajs) -> list[list[int]]:
+        """Indices of `trajs` in micro-batches of the configured padded-token budget."""
+        lengths = [len(t.token_ids) for t in trajs]
+        return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
 
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
         # Each micro-batch's loss is weighted by its share of the mini-batch's trained tokens,
         # which makes the accumulated gradient that of one token-mean over the mini-batch.
         total = max(sum(t.num_trained_tokens for t, _, _ in items), 1)
-        for chunk in token_budget_chunks([len(t.token_ids) for t, _, _ in items], self._budget):
+        for chunk in self._chunks([t for t, _, _ in items]):
             mb = [items[i] for i in chunk]
             weight = sum(t.num_trained_tokens for t, _, _ in mb) / total
             metrics = self._micro_step(mb, [prox[i] for i in chunk], weight)
@@ -364,12 +372,3 @@ class GRPOModule(pl.LightningModule):
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)
         if "rng" in saved:
             set_rng_state(saved["rng"])
-
-
-def _adv_metrics(adv) -> dict[str, float]:
-    values = adv.values[adv.keep] if adv.keep.any() else adv.values
-    return {
-        "advantage/mean": float(values.mean()),
-        "advantage/std": float(values.std(unbiased=False)),
-        "advantage/zero_variance_share": float(adv.zero_variance.float().mean()),
-    }

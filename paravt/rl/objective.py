@@ -61,6 +61,16 @@ def compute_advantages(
     return Advantages(adv.flatten().float(), keep.flatten(), zero)
 
 
+def advantage_metrics(adv: Advantages) -> dict[str, float]:
+    """Mean and std of the advantages taking part in the update, and the zero-variance share."""
+    values = adv.values[adv.keep] if adv.keep.any() else adv.values
+    return {
+        "advantage/mean": float(values.mean()),
+        "advantage/std": float(values.std(unbiased=False)),
+        "advantage/zero_variance_share": float(adv.zero_variance.float().mean()),
+    }
+
+
 def rollout_metrics(
     trajs: Sequence[Trajectory],
     rewards: Sequence[RewardBreakdown],
