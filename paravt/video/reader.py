@@ -3,18 +3,28 @@
 Glue around decord: file checks that turn missing, empty, truncated and non-video files into a
 `VideoError` naming the file (before decord can misbehave on them), an LRU cache of open readers,
 one lock per open video (decord readers are not thread-safe; the crop tool reads in parallel),
-de-duplicated batch decoding and the resize to `fit_pixels`. Which frames to read is decided
-elsewhere (`paravt.video.sampling`); this module does no sampling and no tool validation.
+de-duplicated batch decoding in one sorted pass and the resize to `fit_pixels`.
+
+Speed (benchmarks/crop_vs_qwen_vl_utils.py): a read decodes its sorted frames in one forward
+pass with PyAV (seeking only when a keyframe lies between two wanted frames), tells FFmpeg to
+skip non-reference frames that are not wanted (nothing depends on them), and converts only the
+wanted frames, scaled by swscale straight to the target size. decord stays the source of truth
+for what a video is (frame count, fps, size, broken-file checks); whenever the fast path cannot
+serve a read exactly (frame count disagrees, a frame is missing, any PyAV error) the read falls
+back to decord at full size plus a PIL bicubic resize. `fast_decode=False` forces that plain
+path, which the tests compare the fast one against.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import av
 import decord
 import numpy as np
 from PIL import Image
@@ -47,16 +57,25 @@ class _Open:
     reader: decord.VideoReader
     info: VideoInfo
     lock: threading.Lock
+    index: _PtsIndex | None = None  # built on the first fast read
+    fast: bool = True  # False once the fast path has failed on this video
 
 
 class VideoReader:
     """Reads frames of local video files, keeping the `cache_size` most recent ones open."""
 
-    def __init__(self, cache_size: int = 16, num_threads: int = 1) -> None:
+    def __init__(
+        self, cache_size: int = 16, num_threads: int = 0, fast_decode: bool = True
+    ) -> None:
         if cache_size < 1:
             raise ValueError(f"VideoReader: cache_size must be >= 1 (got {cache_size})")
+        if num_threads < 0:
+            raise ValueError(
+                f"VideoReader: num_threads must be >= 0, 0 = all cores (got {num_threads})"
+            )
         self._cache_size = cache_size
         self._num_threads = num_threads
+        self._fast_decode = fast_decode
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._lock = threading.Lock()  # guards the cache only; decoding holds per-video locks
 
@@ -83,18 +102,20 @@ class VideoReader:
                 f"{path}: frame indices {bad[:5]} are outside the video's "
                 f"{info.num_frames} frames (valid: 0..{info.num_frames - 1})"
             )
-        unique = sorted(set(wanted))
+        unique = sorted(set(wanted))  # one forward pass: each GOP is decoded at most once
+        height, width = fit_pixels(info.height, info.width, max_pixels, factor, min_pixels)
+        batch = self._fast_read(video, unique, height, width) if self._fast_decode else None
         try:
-            with video.lock:
-                batch = _to_numpy(video.reader.get_batch(unique))  # [U, H, W, 3]
+            if batch is None:
+                with video.lock:
+                    batch = _to_numpy(video.reader.get_batch(unique))  # [U, H, W, 3]
         except Exception as err:  # decord raises DECORDError / RuntimeError on damaged data
             self._forget(path)
             raise VideoError(
                 f"{path}: decoding frames {unique[:5]} failed; the file is probably truncated "
                 f"or corrupt ({_first_line(err)})"
             ) from err
-        height, width = fit_pixels(info.height, info.width, max_pixels, factor, min_pixels)
-        resized = _resize(batch, height, width)
+        resized = _resize(batch, height, width)  # a no-op when the fast path scaled already
         position = {index: row for row, index in enumerate(unique)}
         pixels = resized[[position[i] for i in wanted]]  # [K, H, W, 3]
         return Frames(
@@ -114,6 +135,24 @@ class VideoReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _fast_read(
+        self, video: _Open, unique: list[int], height: int, width: int
+    ) -> np.ndarray | None:
+        """Frames [U, height, width, 3] via PyAV, or None where decord must serve the read."""
+        if not video.fast:
+            return None
+        try:
+            if video.index is None:
+                video.index = _pts_index(video.info.path)
+            if len(video.index.pts) != video.info.num_frames:
+                raise ValueError("PyAV and decord count different frames")
+            return _decode_sorted(
+                video.info.path, video.index, unique, height, width, self._num_threads
+            )
+        except Exception:  # the plain decord path decides what is wrong and names it
+            video.fast = False
+            return None
 
     def _get(self, path: str) -> _Open:
         key = os.path.abspath(path)
@@ -184,6 +223,71 @@ def _looks_like_container(path: str) -> bool:
 def _first_line(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0][:200] if lines else type(err).__name__
+
+
+@dataclass(frozen=True)
+class _PtsIndex:
+    """Presentation timestamps of frames in display order (frame i = pts[i]), keyframe rows."""
+
+    pts: tuple[int, ...]
+    keyframes: tuple[int, ...]  # sorted frame indices of keyframes
+
+
+def _pts_index(path: str) -> _PtsIndex:
+    """Demux (no decoding) every packet of the first video stream: frame i is the i-th pts."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        packets = [(p.pts, p.is_keyframe) for p in container.demux(stream) if p.pts is not None]
+    packets.sort()
+    pts = tuple(int(p) for p, _ in packets)
+    return _PtsIndex(pts=pts, keyframes=tuple(i for i, (_, key) in enumerate(packets) if key))
+
+
+def _seek_points(index: _PtsIndex, unique: list[int]) -> dict[int, int]:
+    """Wanted frame -> keyframe to seek to first, only where a keyframe lies since the last one."""
+    points, previous = {}, -1
+    for frame in unique:
+        at = bisect.bisect_right(index.keyframes, frame) - 1
+        key = index.keyframes[at] if at >= 0 else 0
+        if previous < 0 or key > previous:
+            points[frame] = key
+        previous = frame
+    return points
+
+
+def _decode_sorted(
+    path: str, index: _PtsIndex, unique: list[int], height: int, width: int, threads: int
+) -> np.ndarray:
+    """Decode sorted frame indices in one pass; unwanted non-reference frames are skipped."""
+    row_of = {index.pts[frame]: row for row, frame in enumerate(unique)}
+    out = np.empty((len(unique), height, width, 3), dtype=np.uint8)  # [U, H, W, 3]
+    filled = np.zeros(len(unique), dtype=bool)
+    seeks = _seek_points(index, unique)
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type, stream.thread_count = "AUTO", threads
+        context = stream.codec_context
+        packets = None
+        for row, frame in enumerate(unique):
+            if filled[row]:
+                continue
+            if frame in seeks or packets is None:
+                container.seek(index.pts[seeks.get(frame, 0)], stream=stream, backward=True)
+                packets = container.demux(stream)
+            for packet in packets:
+                # A wanted frame never references a non-reference one, so those can be skipped.
+                wanted = packet.pts is None or packet.pts in row_of  # None: the final flush
+                context.skip_frame = "DEFAULT" if wanted else "NONREF"
+                for decoded in packet.decode():
+                    at = row_of.get(decoded.pts)
+                    if at is not None and not filled[at]:
+                        scaled = decoded.reformat(width, height, "rgb24", interpolation="BICUBIC")
+                        out[at], filled[at] = scaled.to_ndarray(), True
+                if filled[row]:
+                    break  # later wanted frames continue from here: the decoder keeps its state
+    if not filled.all():
+        raise ValueError(f"PyAV returned {int(filled.sum())} of {len(unique)} frames")
+    return out
 
 
 def _to_numpy(frames: object) -> np.ndarray:

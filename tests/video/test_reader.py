@@ -152,3 +152,44 @@ def test_read_works_under_the_torch_bridge(tiny_video):
         decord.bridge.set_bridge("native")
     assert isinstance(frames.pixels, np.ndarray)
     assert _level(frames.pixels[0]) == pytest.approx(20, abs=2)
+
+
+def _textured_mp4(path: Path) -> Path:
+    """A 192x108 video of drifting gradients and a moving box: detail a resize can get wrong."""
+    ys, xs = np.mgrid[0:108, 0:192]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(10))
+        stream.width, stream.height, stream.pix_fmt = 192, 108, "yuv420p"
+        stream.options = {"crf": "18", "g": "8"}  # a keyframe every 8 frames: reads cross GOPs
+        for i in range(30):
+            pixels = np.stack([(xs * 2 + 5 * i) % 256, (ys * 2) % 256, (xs + ys + 9 * i) % 256], -1)
+            pixels[20 + i : 50 + i, 40 + 3 * i : 70 + 3 * i] = (250, 30, 30)
+            frame = av.VideoFrame.from_ndarray(pixels.astype(np.uint8), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def test_scaling_in_the_decoder_matches_decode_then_pil_resize(tmp_path):
+    video = str(_textured_mp4(tmp_path / "textured.mp4"))
+    wanted = [29, 3, 3, 17, 0, 11, 12, 25]  # unsorted, repeated, across GOPs
+    with VideoReader(fast_decode=False) as plain, VideoReader() as fast:
+        # fit_pixels(108, 192, 4096, 16) -> (48, 80): a 2.3x downscale
+        slow = plain.read(video, wanted, max_pixels=4096, factor=16)
+        quick = fast.read(video, wanted, max_pixels=4096, factor=16)
+        assert next(iter(fast._open.values())).fast  # the fast path served the read
+    assert quick.pixels.shape == slow.pixels.shape == (8, 48, 80, 3)
+    assert (quick.indices, quick.timestamps) == (slow.indices, slow.timestamps)
+    diff = np.abs(quick.pixels.astype(int) - slow.pixels.astype(int))  # [K, H, W, 3]
+    # two bicubic filters differ by a few levels, mostly on the box's edges; a wrong frame
+    # (the box moves 3 px and the gradient 5 levels per frame) is off by far more
+    assert diff.mean(axis=(1, 2, 3)).max() < 4.0
+    assert np.array_equal(quick.pixels[1], quick.pixels[2])  # a repeat is the same frame
+    shifted = np.abs(quick.pixels[1:].astype(int) - slow.pixels[:-1].astype(int)).mean()
+    assert shifted > 2 * diff.mean()  # the tolerance is tighter than a neighbouring frame
+
+
+def test_negative_decode_threads_are_rejected():
+    with pytest.raises(ValueError, match="num_threads must be >= 0"):
+        VideoReader(num_threads=-1)
