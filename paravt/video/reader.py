@@ -144,7 +144,8 @@ class VideoReader:
             return None
         try:
             if video.index is None:
-                video.index = _pts_index(video.info.path)
+                with video.lock:
+                    video.index = _pts_index(video.reader, video.info.path)
             if len(video.index.pts) != video.info.num_frames:
                 raise ValueError("PyAV and decord count different frames")
             return _decode_sorted(
@@ -229,18 +230,34 @@ def _first_line(err: Exception) -> str:
 class _PtsIndex:
     """Presentation timestamps of frames in display order (frame i = pts[i]), keyframe rows."""
 
-    pts: tuple[int, ...]
+    pts: np.ndarray  # [F] int64, in the stream's time base, increasing
     keyframes: tuple[int, ...]  # sorted frame indices of keyframes
 
+    def frame_at(self, pts: int | None) -> int | None:
+        """The frame whose pts is nearest `pts` within half a frame, else None."""
+        if pts is None:
+            return None
+        at = int(np.searchsorted(self.pts, pts))
+        best = min(
+            (i for i in (at - 1, at) if 0 <= i < len(self.pts)),
+            key=lambda i: abs(int(self.pts[i]) - pts),
+        )
+        gap = int(self.pts[min(best + 1, len(self.pts) - 1)] - self.pts[max(best - 1, 0)])
+        return best if 4 * abs(int(self.pts[best]) - pts) <= max(gap, 1) else None
 
-def _pts_index(path: str) -> _PtsIndex:
-    """Demux (no decoding) every packet of the first video stream: frame i is the i-th pts."""
+
+def _pts_index(reader: decord.VideoReader, path: str) -> _PtsIndex:
+    """decord's frame clock (display order) in PyAV's time base; no packet is read twice."""
+    starts = np.asarray(reader.get_frame_timestamp(list(range(len(reader)))), np.float64)[:, 0]
     with av.open(path) as container:
         stream = container.streams.video[0]
-        packets = [(p.pts, p.is_keyframe) for p in container.demux(stream) if p.pts is not None]
-    packets.sort()
-    pts = tuple(int(p) for p, _ in packets)
-    return _PtsIndex(pts=pts, keyframes=tuple(i for i, (_, key) in enumerate(packets) if key))
+        base, first = float(stream.time_base), stream.start_time
+    pts = np.rint(starts / base).astype(np.int64)  # [F]
+    if first is not None and abs(int(pts[0]) - first) * base > 1e-3:
+        raise ValueError("decord and PyAV disagree on the first frame's time")
+    if len(pts) > 1 and not (np.diff(pts) > 0).all():
+        raise ValueError("frame timestamps are not strictly increasing")
+    return _PtsIndex(pts=pts, keyframes=tuple(int(k) for k in reader.get_key_indices()))
 
 
 def _seek_points(index: _PtsIndex, unique: list[int]) -> dict[int, int]:
@@ -259,7 +276,7 @@ def _decode_sorted(
     path: str, index: _PtsIndex, unique: list[int], height: int, width: int, threads: int
 ) -> np.ndarray:
     """Decode sorted frame indices in one pass; unwanted non-reference frames are skipped."""
-    row_of = {index.pts[frame]: row for row, frame in enumerate(unique)}
+    row_of = {frame: row for row, frame in enumerate(unique)}
     out = np.empty((len(unique), height, width, 3), dtype=np.uint8)  # [U, H, W, 3]
     filled = np.zeros(len(unique), dtype=bool)
     seeks = _seek_points(index, unique)
@@ -272,14 +289,15 @@ def _decode_sorted(
             if filled[row]:
                 continue
             if frame in seeks or packets is None:
-                container.seek(index.pts[seeks.get(frame, 0)], stream=stream, backward=True)
+                seek_to = int(index.pts[seeks.get(frame, 0)])
+                container.seek(seek_to, stream=stream, backward=True)
                 packets = container.demux(stream)
             for packet in packets:
                 # A wanted frame never references a non-reference one, so those can be skipped.
-                wanted = packet.pts is None or packet.pts in row_of  # None: the final flush
+                wanted = packet.pts is None or index.frame_at(packet.pts) in row_of  # None: flush
                 context.skip_frame = "DEFAULT" if wanted else "NONREF"
                 for decoded in packet.decode():
-                    at = row_of.get(decoded.pts)
+                    at = row_of.get(index.frame_at(decoded.pts))
                     if at is not None and not filled[at]:
                         scaled = decoded.reformat(width, height, "rgb24", interpolation="BICUBIC")
                         out[at], filled[at] = scaled.to_ndarray(), True
