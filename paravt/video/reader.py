@@ -1,4 +1,4 @@
-"""decord-backed video reading: open a video once, serve many frame requests from many threads.
+"""Video reading (decord + PyAV): open a video once, serve many frame requests from many threads.
 
 Glue around decord: file checks that turn missing, empty, truncated and non-video files into a
 `VideoError` naming the file (before decord can misbehave on them), an LRU cache of open readers,
@@ -6,7 +6,8 @@ one lock per open video (decord readers are not thread-safe; the crop tool reads
 de-duplicated batch decoding in one sorted pass and the resize to `fit_pixels`.
 
 Speed (benchmarks/crop_vs_qwen_vl_utils.py): a read decodes its sorted frames in one forward
-pass with PyAV (seeking only when a keyframe lies between two wanted frames), tells FFmpeg to
+pass with PyAV (seeking only when a keyframe lies between two wanted frames; runs of GOPs on
+all cores, one single-threaded decoder each), tells FFmpeg to
 skip non-reference frames that are not wanted (nothing depends on them), and converts only the
 wanted frames, scaled by swscale straight to the target size. decord stays the source of truth
 for what a video is (frame count, fps, size, broken-file checks); whenever the fast path cannot
