@@ -92,8 +92,9 @@ def _video_part(part: Mapping[str, Any], where: str) -> VideoPart:
         if opts.get(key) is not None:
             try:
                 kwargs[name] = kind(opts[key])
-            except (TypeError, ValueError):
-                raise SFTRowError(f"{where}: video option {key}={opts[key]!r} is not a number")
+            except (TypeError, ValueError) as err:
+                msg = f"{where}: video option {key}={opts[key]!r} is not a number"
+                raise SFTRowError(msg) from err
     if opts.get("frame_indices") is not None:
         idx = opts["frame_indices"]
         if not isinstance(idx, Sequence) or not idx or not all(isinstance(i, int) for i in idx):
@@ -151,7 +152,8 @@ def parse_row(row: Any, index: int = 0) -> SFTConversation:
         try:
             messages = json.loads(messages)
         except json.JSONDecodeError as err:
-            raise SFTRowError(f"row {rid!r}: 'messages' is a string but not JSON ({err.msg})")
+            msg = f"row {rid!r}: 'messages' is a string but not JSON ({err.msg})"
+            raise SFTRowError(msg) from err
     if not isinstance(messages, list) or not messages:
         raise SFTRowError(f"row {rid!r}: needs a non-empty 'messages' list (OpenAI chat format)")
     msgs = tuple(_message(m, f"row {rid!r} messages[{i}]") for i, m in enumerate(messages))

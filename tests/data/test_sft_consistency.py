@@ -56,7 +56,9 @@ def test_sft_row_encodes_to_the_loop_trajectory(processor, needle_samples, mode)
             assert torch.equal(a.pixel_values_videos, b.pixel_values_videos)
         # The answer tokens are trained tokens holding exactly the answer's text.
         flagged = [t for t, f in zip(got.token_ids, example.answer_mask, strict=True) if f]
-        assert flagged and all(m for m, f in zip(got.loss_mask, example.answer_mask) if f)
+        assert flagged and all(
+            m for m, f in zip(got.loss_mask, example.answer_mask, strict=True) if f
+        )
         assert processor.tokenizer.decode(flagged) == sample.answer
 
 
