@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,25 @@ def write_needle_sft(
     samples, _ = load_samples(needle_path)
     processor = AutoProcessor.from_pretrained(model_path)
     return write_rows(teacher_rows(samples, processor, agent, strategy, budgets), out)
+
+
+def write_needle_sft_from_config(out: str, model_path: str, generate: Mapping[str, Any]) -> Path:
+    """`SFTDataModule.generate`: needle RL data (made when missing), then its teacher rows."""
+    opts = dict(generate)
+    needle_dir = Path(opts.pop("needle_dir", Path(out).parent / "needle"))
+    needle_cfg = dict(opts.pop("needle", {}))
+    if not (needle_dir / "train.jsonl").exists():
+        from paravt.video.synthetic import NeedleConfig
+        from paravt.video.synthetic import generate as make_needle
+
+        make_needle(NeedleConfig(**needle_cfg), needle_dir)
+    agent = AgentConfig(max_rounds=opts.pop("max_rounds", 2), mode=opts.pop("mode", "frames"))
+    strategy, budgets = opts.pop("strategy", "search"), tuple(opts.pop("budgets", (4, 8)))
+    if opts:
+        raise ValueError(f"data.generate has unknown keys {sorted(opts)}")
+    return write_needle_sft(
+        str(needle_dir / "train.jsonl"), model_path, out, agent, strategy, budgets
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
