@@ -158,6 +158,7 @@ class SFTModule(pl.LightningModule):
             from paravt.models.loading import load_policy
 
             policy, processor = load_policy(model)
+            policy.train()  # from_pretrained returns eval mode; dropout, if any, must be on
         self.policy, self.processor = policy, processor
         self.optimizer_factory = optimizer or torch.optim.AdamW
         self.scheduler_factory = scheduler
