@@ -21,6 +21,7 @@ import torch
 
 from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_batch
 from paravt.data.sft_encode import SFTExample
+from paravt.data.sft_schema import answer_spans
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rollout.hf import visual_kwargs
@@ -140,6 +141,33 @@ def sft_stats(
     return SFTStats(sft_loss(logp, mask), per_example.detach(), answer_loss, answer_acc)
 
 
+def example_from_trajectory(traj: Trajectory, tokenizer) -> SFTExample:
+    """An agent-loop trajectory as an SFT example, answer tokens marked.
+
+    Each run of trained tokens (one assistant turn) is decoded and re-tokenised with offsets;
+    when that gives back the same ids (always for scripted teachers), the tokens inside
+    `<answer>...</answer>` are marked, otherwise none of that run is.
+    """
+    flags = [0] * len(traj.token_ids)
+    t, n = 0, len(traj.token_ids)
+    while t < n:
+        if not traj.loss_mask[t]:
+            t += 1
+            continue
+        end = t
+        while end < n and traj.loss_mask[end]:
+            end += 1
+        run = list(traj.token_ids[t:end])
+        text = tokenizer.decode(run, skip_special_tokens=False)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == run:
+            spans = answer_spans(text)
+            for j, (lo, hi) in enumerate(enc["offset_mapping"]):
+                flags[t + j] = int(any(s < hi and b > lo for s, b in spans))
+        t = end
+    return SFTExample(traj.sample_id, traj, tuple(flags))
+
+
 class SFTModule(pl.LightningModule):
     """Cold-start SFT of a Qwen-VL policy on `SFTBatch`es (packed by default)."""
 
@@ -216,6 +244,34 @@ class SFTModule(pl.LightningModule):
         if self._tick is not None and batch.examples:
             rate = self._tokens / max(time.perf_counter() - self._tick, 1e-9)
             self.log("train/tokens_per_s", rate, on_step=True, batch_size=len(batch.examples))
+
+    def fit_steps(
+        self, examples: Sequence[SFTExample], steps: int, batch_size: int
+    ) -> list[dict[str, float]]:
+        """`steps` optimiser steps outside a Trainer (examples cycled in order), with the same
+        loss and metrics as `training_step`: how a cold start inside an RL run uses this module.
+        """
+        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        sched = self.scheduler_factory(opt) if self.scheduler_factory else None
+        self.policy.train()
+        records = []
+        for step in range(steps):
+            start = step * batch_size
+            batch = [examples[(start + i) % len(examples)] for i in range(batch_size)]
+            stats, _ = self.compute(batch)
+            opt.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            rec = {"loss": stats.loss.item()}
+            if stats.answer_loss is not None:
+                rec["answer_loss"] = stats.answer_loss.item()
+                rec["answer_accuracy"] = stats.answer_accuracy.item()
+            records.append(rec)
+        self.loss_history += [r["loss"] for r in records]
+        self.policy.eval()
+        return records
 
     def export_hf(self, path: str) -> None:
         """Write the policy in HF format with its processor: what RL loads with model.path."""

@@ -183,3 +183,41 @@ def test_demo_sft_cli_trains_exports_and_rl_continues(
         not torch.equal(p, q)
         for p, q in zip(sft_model.parameters(), tiny.parameters(), strict=True)
     )
+
+
+def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples):
+    """SFTModule wraps an existing policy; its loss on loop trajectories is `sft_loss` of the
+    RL trainer's teacher-forced pass, and `fit_steps` learns the answer tokens."""
+    from functools import partial
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.scripts import needle_teacher
+    from paravt.modules.forward import TokenIds, trajectory_logprobs
+    from paravt.modules.sft import SFTModule, example_from_trajectory, sft_loss
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    policy = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
+    engine = ScriptedEngine(processor.tokenizer, needle_teacher(needle_samples, "search"))
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=2))
+    trajs = loop.run(needle_samples, [4] * len(needle_samples), 1, SamplingParams(greedy=True))
+    examples = [example_from_trajectory(t, processor.tokenizer) for t in trajs]
+    for e, s in zip(examples, needle_samples, strict=True):
+        answer = [t for t, f in zip(e.trajectory.token_ids, e.answer_mask, strict=True) if f]
+        assert processor.tokenizer.decode(answer) == s.answer
+    optimizer = partial(torch.optim.AdamW, lr=3e-3, weight_decay=0.0)
+    module = SFTModule(policy=policy, processor=processor, optimizer=optimizer, packing=False)
+    with torch.no_grad():
+        stats, _ = module.compute(examples)
+        logp, padded, _ = trajectory_logprobs(
+            policy, trajs, TokenIds.from_tokenizer(processor.tokenizer)
+        )
+        torch.testing.assert_close(stats.loss, sft_loss(logp, padded.loss_mask))
+    records = module.fit_steps(examples, steps=30, batch_size=4)
+    assert records[-1]["loss"] < 0.5 * records[0]["loss"]
+    assert {"answer_loss", "answer_accuracy"} <= set(records[0])
