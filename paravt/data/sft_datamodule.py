@@ -49,9 +49,12 @@ def load_conversations(path: str) -> tuple[list[SFTConversation], list[tuple[str
 
 
 class _Batches(Dataset):
-    def __init__(self, convs, batch_size, seed, shuffle, start, count, encoder_args):
+    """Item i is this rank's micro-batch `start + i`: global micro-batch (start + i) * W + rank."""
+
+    def __init__(self, convs, batch_size, seed, shuffle, start, count, encoder_args, world, rank):
         self.convs, self.batch_size, self.seed, self.shuffle = convs, batch_size, seed, shuffle
         self.start, self.count, self.encoder_args = start, count, encoder_args
+        self.world, self.rank = world, rank
         self._encoder: SFTEncoder | None = None
         self._orders: dict[int, list[int]] = {}
 
@@ -70,15 +73,23 @@ class _Batches(Dataset):
             self._encoder = SFTEncoder(renderer, VideoReader(), video_cfg)
         return self._encoder
 
-    def __getitem__(self, i: int) -> SFTBatch:
-        index = self.start + i
+    def positions(self, i: int) -> list[int]:
+        """Indices into `convs` of item i's conversations."""
+        first = ((self.start + i) * self.world + self.rank) * self.batch_size
         n = len(self.convs)
-        examples, skipped = [], []
-        for pos in range(index * self.batch_size, (index + 1) * self.batch_size):
+        out = []
+        for pos in range(first, first + self.batch_size):
             epoch, k = divmod(pos, n)
             if epoch not in self._orders:
                 self._orders[epoch] = epoch_order(n, epoch, self.seed, self.shuffle)
-            conv = self.convs[self._orders[epoch][k]]
+            out.append(self._orders[epoch][k])
+        return out
+
+    def __getitem__(self, i: int) -> SFTBatch:
+        index = self.start + i
+        examples, skipped = [], []
+        for j in self.positions(i):
+            conv = self.convs[j]
             try:
                 examples.append(self.encoder().encode(conv, self.encoder_args[2]))
             except Exception as err:  # a bad row must not end the epoch: report and skip it
@@ -88,14 +99,19 @@ class _Batches(Dataset):
 
 
 class SFTDataModule(pl.LightningDataModule):
-    """Serves `SFTBatch`es of `batch_size` conversations for `max_batches` micro-batches."""
+    """Serves `SFTBatch`es of `batch_size` conversations per rank for `max_batches` micro-batches.
+
+    `max_batches=None` derives it from the Trainer: max_steps x accumulate_grad_batches. Ranks
+    read disjoint micro-batches themselves, so the Trainer must not add a distributed sampler
+    (`use_distributed_sampler: false`, set by the SFT experiments).
+    """
 
     def __init__(
         self,
         train_path: str,
         processor_path: str,
         batch_size: int = 4,
-        max_batches: int = 500,
+        max_batches: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
         video: SFTVideoConfig | Mapping[str, Any] | None = None,
@@ -141,11 +157,29 @@ class SFTDataModule(pl.LightningDataModule):
         if not self.conversations:
             raise ValueError(f"no usable SFT rows in {self.train_path}: {self.skipped[:3]}")
 
+    def total_batches(self) -> int:
+        if self.max_batches is not None:
+            return self.max_batches
+        trainer = self.trainer
+        if trainer is None or trainer.max_steps is None or trainer.max_steps < 0:
+            raise ValueError("data.max_batches is null and the Trainer sets no max_steps; set one")
+        return trainer.max_steps * trainer.accumulate_grad_batches
+
     def dataset(self, start: int = 0, count: int | None = None) -> _Batches:
-        count = self.max_batches - start if count is None else count
+        count = self.total_batches() - start if count is None else count
         args = (self.processor_path, self.video, self.video_root)
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
         return _Batches(
-            self.conversations, self.batch_size, self.seed, self.shuffle, start, max(0, count), args
+            self.conversations,
+            self.batch_size,
+            self.seed,
+            self.shuffle,
+            start,
+            max(0, count),
+            args,
+            world,
+            rank,
         )
 
     def train_dataloader(self) -> DataLoader:

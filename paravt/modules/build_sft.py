@@ -6,6 +6,8 @@ the Trainer, logger and callbacks are built the same way for both.
 
 from __future__ import annotations
 
+import warnings
+
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -26,6 +28,8 @@ def build_sft_module(cfg: DictConfig):
 def build_sft_run(cfg: DictConfig) -> Run:
     import lightning.pytorch as pl
 
+    # SFT batches are encoded rows, not tensors: the module builds tensors on its device.
+    warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
     pl.seed_everything(cfg.seed, workers=True)
     module = build_sft_module(cfg)  # first: builds a missing tiny model the data writer needs
     datamodule = instantiate(cfg.data)

@@ -120,8 +120,9 @@ def test_parquet_rows_train_like_jsonl(tmp_path, tiny_qwen3_dir, sft_file):
 
 
 def test_accumulation_and_resume_replay_the_uninterrupted_run(tmp_path, tiny_qwen3_dir, sft_file):
-    acc = ["trainer.accumulate_grad_batches=2", "data.max_batches=8", "scheduler.total_steps=4"]
+    acc = ["trainer.accumulate_grad_batches=2", "scheduler.total_steps=4"]
     full = fit(sft_overrides(tmp_path / "full", tiny_qwen3_dir, sft_file, 4, *acc))
+    # 4 optimiser steps x 2 accumulated micro-batches = 8 micro-batches (max_batches derived)
     assert full.trainer.global_step == 4 and full.datamodule.consumed == 8
     fit(sft_overrides(tmp_path / "cut", tiny_qwen3_dir, sft_file, 2, *acc))
     resumed = fit(
@@ -221,3 +222,20 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
     records = module.fit_steps(examples, steps=30, batch_size=4)
     assert records[-1]["loss"] < 0.5 * records[0]["loss"]
     assert {"answer_loss", "answer_accuracy"} <= set(records[0])
+
+
+def test_ranks_read_disjoint_micro_batches():
+    from paravt.data.sft_datamodule import _Batches
+
+    convs = list(range(5))  # only positions are computed: nothing is encoded
+
+    def items(world, rank, count):
+        data = _Batches(convs, 2, 0, True, 0, count, (None, None, None), world, rank)
+        return [data.positions(i) for i in range(count)]
+
+    single = items(1, 0, 6)
+    # rank r of 2 takes global micro-batches 2i + r: together, the single-rank sequence
+    assert items(2, 0, 3) == single[0::2] and items(2, 1, 3) == single[1::2]
+    # each epoch of 5 conversations is a permutation (6 micro-batches of 2 span 2.4 epochs)
+    flat = [j for item in single for j in item]
+    assert sorted(flat[:5]) == convs and sorted(flat[5:10]) == convs
