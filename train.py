@@ -14,6 +14,10 @@ from paravt.modules.build import build_run, maybe_cold_start, summary
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
+        from paravt.modules.build_sft import run_sft
+
+        return run_sft(cfg)
     run = build_run(cfg)
     maybe_cold_start(cfg, run)
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)

@@ -15,6 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "build a tiny random Qwen3-VL / Qwen2.5-VL checkpoint",
     ),
     "make-needle-data": ("paravt.video.synthetic", "write synthetic needle-in-a-video RL data"),
+    "make-sft-data": (
+        "paravt.data.sft_writer",
+        "write scripted-teacher needle trajectories in the ParaVT SFT schema",
+    ),
     "rollout": (
         "paravt.agent.inspect",
         "run the agent on a few samples and print the trajectories",

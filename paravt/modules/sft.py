@@ -1,17 +1,30 @@
-"""Supervised steps on token-exact trajectories (the core of cold-start SFT).
+"""Supervised fine-tuning on token-exact trajectories: the loss core and the SFT LightningModule.
 
 The loss is the mean negative log-likelihood of the trained (mask-1) tokens, computed with the
-same teacher-forced pass the RL trainer uses, so SFT and RL see identical token/visual layouts.
-This file deliberately holds no Lightning code; the SFT LightningModule wraps these functions.
+same teacher-forced pass the RL trainer uses (same temperature-1 log-softmax, same suppressed
+vision placeholders), so SFT and RL see identical token/visual layouts. `SFTModule` trains on
+`SFTBatch`es from `paravt.data.sft_datamodule`, packed (`paravt.data.packing`) or padded, with
+Lightning's automatic optimisation: gradient accumulation and clipping come from the Trainer,
+the LR schedule from `cosine_with_warmup`. It can also wrap an existing policy (`policy=`,
+`processor=`), which is how a cold start inside an RL run uses this same code path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import lightning.pytorch as pl
 import torch
 
+from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_batch
+from paravt.data.sft_encode import SFTExample
+from paravt.data.sft_schema import answer_spans
 from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.rl.logprobs import causal_token_logprobs
+from paravt.rollout.hf import visual_kwargs
 from paravt.types import Trajectory
 
 
@@ -48,3 +61,219 @@ def supervised_steps(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def cosine_with_warmup(
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_ratio: float = 0.05,
+    min_lr_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup_ratio * total_steps`, then cosine decay to `min_lr_ratio`."""
+    if total_steps < 1 or not 0 <= warmup_ratio < 1:
+        raise ValueError(
+            f"cosine_with_warmup needs total_steps >= 1 and 0 <= warmup_ratio < 1 "
+            f"(got {total_steps}, {warmup_ratio})"
+        )
+    warmup = math.ceil(warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass(frozen=True)
+class SFTStats:
+    """Losses and answer-token metrics of one batch (tensors keep the graph for `loss`)."""
+
+    loss: torch.Tensor  # scalar, token mean over trained tokens
+    per_example: torch.Tensor  # [E] token-mean loss of each example (nan when nothing trained)
+    answer_loss: torch.Tensor | None  # scalar over answer tokens, None when none are marked
+    answer_accuracy: torch.Tensor | None  # share of answer tokens predicted by argmax
+
+
+def batch_logprobs(model, batch: ModelBatch, ids: TokenIds):
+    """(logp [R, T], logits [R, T, V]) of one teacher-forced pass over a (packed) batch."""
+    device = next(model.parameters()).device
+    extra = {}
+    if batch.attention_mask is not None:
+        extra["attention_mask"] = batch.attention_mask.to(device)
+    if batch.position_ids is not None:
+        extra["position_ids"] = batch.position_ids.to(device)
+    out = model(
+        input_ids=batch.input_ids.to(device),
+        mm_token_type_ids=batch.mm_token_type_ids.to(device),
+        use_cache=False,
+        **extra,
+        **visual_kwargs(batch.visuals, device),
+    )
+    logp = causal_token_logprobs(out.logits, batch.input_ids.to(device), 1.0, ids.suppress)
+    return logp, out.logits
+
+
+def sft_stats(
+    logp: torch.Tensor,  # [R, T]
+    logits: torch.Tensor,  # [R, T, V]
+    batch: ModelBatch,
+    num_examples: int,
+) -> SFTStats:
+    """Token-mean loss, per-example losses and answer-token loss/accuracy of a batch."""
+    dev = logp.device
+    mask, answer = batch.loss_mask.to(dev), (batch.answer_mask & batch.loss_mask).to(dev)
+    owner = batch.example_ids.to(dev).clamp(min=0)
+    nll = torch.where(mask, -logp, torch.zeros_like(logp))
+    sums = torch.zeros(num_examples, device=dev).index_add(0, owner.flatten(), nll.flatten())
+    counts = torch.zeros(num_examples, device=dev).index_add(
+        0, owner.flatten(), mask.flatten().float()
+    )
+    per_example = sums / counts  # nan for an example with no trained token
+    answer_loss = answer_acc = None
+    if answer.any():
+        answer_loss = -logp[answer].mean()
+        # logits at t-1 predict token t
+        predicted = logits[:, :-1].argmax(-1)
+        hits = predicted == batch.input_ids.to(dev)[:, 1:]
+        answer_acc = hits[answer[:, 1:]].float().mean()
+    return SFTStats(sft_loss(logp, mask), per_example.detach(), answer_loss, answer_acc)
+
+
+def example_from_trajectory(traj: Trajectory, tokenizer) -> SFTExample:
+    """An agent-loop trajectory as an SFT example, answer tokens marked.
+
+    Each run of trained tokens (one assistant turn) is decoded and re-tokenised with offsets;
+    when that gives back the same ids (always for scripted teachers), the tokens inside
+    `<answer>...</answer>` are marked, otherwise none of that run is.
+    """
+    flags = [0] * len(traj.token_ids)
+    t, n = 0, len(traj.token_ids)
+    while t < n:
+        if not traj.loss_mask[t]:
+            t += 1
+            continue
+        end = t
+        while end < n and traj.loss_mask[end]:
+            end += 1
+        run = list(traj.token_ids[t:end])
+        text = tokenizer.decode(run, skip_special_tokens=False)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == run:
+            spans = answer_spans(text)
+            for j, (lo, hi) in enumerate(enc["offset_mapping"]):
+                flags[t + j] = int(any(s < hi and b > lo for s, b in spans))
+        t = end
+    return SFTExample(traj.sample_id, traj, tuple(flags))
+
+
+class SFTModule(pl.LightningModule):
+    """Cold-start SFT of a Qwen-VL policy on `SFTBatch`es (packed by default)."""
+
+    def __init__(
+        self,
+        model=None,  # a PolicySpec; ignored when `policy` is given
+        optimizer: Callable | None = None,
+        scheduler: Callable | None = None,
+        packing: bool = True,
+        pack_tokens: int = 8192,
+        policy=None,
+        processor=None,
+    ):
+        super().__init__()
+        if policy is None:
+            from paravt.models.loading import load_policy
+
+            policy, processor = load_policy(model)
+            policy.train()  # from_pretrained returns eval mode; dropout, if any, must be on
+        self.policy, self.processor = policy, processor
+        self.optimizer_factory = optimizer or torch.optim.AdamW
+        self.scheduler_factory = scheduler
+        self.packing, self.pack_tokens = packing, pack_tokens
+        self.token_ids = TokenIds.from_tokenizer(processor.tokenizer)
+        self.loss_history: list[float] = []
+        self._tick: float | None = None
+
+    def configure_optimizers(self):
+        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        if self.scheduler_factory is None:
+            return opt
+        sched = {"scheduler": self.scheduler_factory(opt), "interval": "step"}
+        return {"optimizer": opt, "lr_scheduler": sched}
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # tensors are built and moved in `model_batch`
+
+    def model_batch(self, examples: Sequence[SFTExample]) -> ModelBatch:
+        ids = self.token_ids
+        if self.packing:
+            rope = model_rope_index(self.policy)
+            return pack_batch(examples, rope, self.pack_tokens, ids.pad, ids.image, ids.video)
+        return pad_batch(examples, ids.pad, ids.image, ids.video)
+
+    def compute(self, examples: Sequence[SFTExample]) -> tuple[SFTStats, ModelBatch]:
+        batch = self.model_batch(examples)
+        logp, logits = batch_logprobs(self.policy, batch, self.token_ids)
+        return sft_stats(logp, logits, batch, len(examples)), batch
+
+    def training_step(self, batch, batch_idx):
+        if hasattr(self.trainer.datamodule, "on_batch_consumed"):
+            self.trainer.datamodule.on_batch_consumed(batch)
+        metrics = {"data/skipped_rows": float(len(batch.skipped))}
+        if not batch.examples:
+            self.log_dict(metrics, batch_size=1)
+            return None  # every row of this micro-batch was bad: no step, no crash
+        stats, mb = self.compute(batch.examples)
+        n = len(batch.examples)
+        metrics |= {"train/loss": stats.loss.item(), "train/tokens": float(mb.num_tokens)}
+        if stats.answer_loss is not None:
+            metrics["train/answer_loss"] = stats.answer_loss.item()
+            metrics["train/answer_accuracy"] = stats.answer_accuracy.item()
+        metrics["train/lr"] = self.trainer.optimizers[0].param_groups[0]["lr"]
+        self.log_dict(metrics, on_step=True, batch_size=n)
+        self.log("loss", stats.loss.item(), prog_bar=True, batch_size=n)
+        self.loss_history.append(stats.loss.item())
+        self._tokens = mb.num_tokens
+        return stats.loss
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._tick = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self._tick is not None and batch.examples:
+            rate = self._tokens / max(time.perf_counter() - self._tick, 1e-9)
+            self.log("train/tokens_per_s", rate, on_step=True, batch_size=len(batch.examples))
+
+    def fit_steps(
+        self, examples: Sequence[SFTExample], steps: int, batch_size: int
+    ) -> list[dict[str, float]]:
+        """`steps` optimiser steps outside a Trainer (examples cycled in order), with the same
+        loss and metrics as `training_step`: how a cold start inside an RL run uses this module.
+        """
+        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        sched = self.scheduler_factory(opt) if self.scheduler_factory else None
+        self.policy.train()
+        records = []
+        for step in range(steps):
+            start = step * batch_size
+            batch = [examples[(start + i) % len(examples)] for i in range(batch_size)]
+            stats, _ = self.compute(batch)
+            opt.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            rec = {"loss": stats.loss.item()}
+            if stats.answer_loss is not None:
+                rec["answer_loss"] = stats.answer_loss.item()
+                rec["answer_accuracy"] = stats.answer_accuracy.item()
+            records.append(rec)
+        self.loss_history += [r["loss"] for r in records]
+        self.policy.eval()
+        return records
+
+    def export_hf(self, path: str) -> None:
+        """Write the policy in HF format with its processor: what RL loads with model.path."""
+        self.policy.save_pretrained(path)
+        self.processor.save_pretrained(path)

@@ -1,0 +1,182 @@
+"""Write agent-loop trajectories as SFT rows (`paravt make-sft-data`): teacher data for cold starts.
+
+`trajectory_row` turns one trajectory of the main agent into the ParaVT SFT schema: the system
+prompt, the user turn with the overview clip (its exact source frames stored as
+`frame_indices`), and for every round the assistant's own text, the tool responses in call order
+(crops as `video_url` parts with their frames, errors and sub-agent summaries as text) and the
+forced-answer message. `paravt.data.sft_encode` encodes such a row back to the loop's exact
+tokens. `main` drives the real agent loop with the scripted needle teacher over needle data.
+It deliberately writes no model weights and runs no training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from paravt.agent import prompts
+from paravt.agent.loop import AgentConfig
+from paravt.agent.tools import CropConfig
+from paravt.types import Sample, ToolResult, Trajectory
+from paravt.video.sampling import timestamps, uniform_indices
+
+
+def _video_part(video: str, indices, max_pixels: int, min_pixels: int, window=None) -> dict:
+    part: dict[str, Any] = {
+        "type": "video_url",
+        "video_url": {"url": video},
+        "frame_indices": [int(i) for i in indices],
+        "max_pixels": max_pixels,
+        "min_pixels": min_pixels,
+    }
+    if window is not None:
+        part["video_start"], part["video_end"] = float(window[0]), float(window[1])
+    return part
+
+
+def _tool_message(result: ToolResult, video: str, mode: str, crop: CropConfig) -> dict:
+    msg = prompts.tool_message(result, mode)
+    if isinstance(msg["content"], str):
+        return msg
+    frames = result.frames
+    parts = [
+        p
+        if p["type"] == "text"
+        else _video_part(video, frames.indices, crop.max_pixels, crop.min_pixels, result.window)
+        for p in msg["content"]
+    ]
+    return {"role": "tool", "content": parts}
+
+
+def trajectory_row(
+    sample: Sample,
+    traj: Trajectory,
+    source,
+    agent: AgentConfig,
+    crop: CropConfig,
+) -> dict[str, Any]:
+    """The SFT row of `traj` (a main-agent trajectory of `sample` from `AgentLoop.run`)."""
+    info = source.info(sample.video)
+    indices = uniform_indices(info.num_frames, traj.frame_budget)
+    user = prompts.user_text(sample, timestamps(indices, info.fps), info.duration)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": prompts.system_prompt()},
+        {
+            "role": "user",
+            "content": [
+                _video_part(sample.video, indices, agent.overview_max_pixels, 0),
+                {"type": "text", "text": user},
+            ],
+        },
+    ]
+    for k, turn in enumerate(traj.turns):
+        messages.append({"role": "assistant", "content": turn.text})
+        if k + 1 == len(traj.turns):
+            break
+        messages += [_tool_message(r, sample.video, agent.mode, crop) for r in turn.results]
+        if traj.turns[k + 1].forced_answer:
+            messages.append(prompts.forced_answer_message(agent.forced_answer))
+    return {
+        "id": f"{sample.id}-{traj.group_index}",
+        "answer": sample.answer,
+        "question_type": sample.question_type,
+        "messages": messages,
+    }
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out: str | Path) -> Path:
+    """jsonl, or parquet with `messages` as a JSON string column."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        flat = [{**r, "messages": json.dumps(r["messages"])} for r in rows]
+        pq.write_table(pa.Table.from_pylist(flat), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def teacher_rows(
+    samples: Sequence[Sample],
+    processor,
+    agent: AgentConfig,
+    strategy: str = "search",
+    budgets: Sequence[int] = (4, 8),
+) -> list[dict[str, Any]]:
+    """Rows of the scripted needle teacher driving the real agent loop (real crops)."""
+    from paravt.agent.loop import AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.scripts import needle_teacher
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.video.reader import VideoReader
+
+    renderer = ChatRenderer(processor)
+    engine = ScriptedEngine(processor.tokenizer, needle_teacher(samples, strategy))
+    source = VideoReader()
+    crop = CropConfig(factor=renderer.frame_factor)
+    loop = AgentLoop(engine, renderer, source, agent, crop)
+    ks = [budgets[i % len(budgets)] for i in range(len(samples))]
+    trajs = loop.run(samples, ks, 1, SamplingParams(greedy=True))
+    return [
+        trajectory_row(s, t, source, agent, crop)
+        for s, t in zip(samples, trajs, strict=True)
+        if t.finish_reason == "stop" and not t.truncated
+    ]
+
+
+def write_needle_sft(
+    needle_path: str, model_path: str, out: str, agent: AgentConfig, strategy: str, budgets
+) -> Path:
+    from transformers import AutoProcessor
+
+    from paravt.data.datasets import load_samples
+
+    samples, _ = load_samples(needle_path)
+    processor = AutoProcessor.from_pretrained(model_path)
+    return write_rows(teacher_rows(samples, processor, agent, strategy, budgets), out)
+
+
+def write_needle_sft_from_config(out: str, model_path: str, generate: Mapping[str, Any]) -> Path:
+    """`SFTDataModule.generate`: needle RL data (made when missing), then its teacher rows."""
+    opts = dict(generate)
+    needle_dir = Path(opts.pop("needle_dir", Path(out).parent / "needle"))
+    needle_cfg = dict(opts.pop("needle", {}))
+    if not (needle_dir / "train.jsonl").exists():
+        from paravt.video.synthetic import NeedleConfig
+        from paravt.video.synthetic import generate as make_needle
+
+        make_needle(NeedleConfig(**needle_cfg), needle_dir)
+    agent = AgentConfig(max_rounds=opts.pop("max_rounds", 2), mode=opts.pop("mode", "frames"))
+    strategy, budgets = opts.pop("strategy", "search"), tuple(opts.pop("budgets", (4, 8)))
+    if opts:
+        raise ValueError(f"data.generate has unknown keys {sorted(opts)}")
+    return write_needle_sft(
+        str(needle_dir / "train.jsonl"), model_path, out, agent, strategy, budgets
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="paravt make-sft-data",
+        description="Write scripted-teacher trajectories on needle data in the ParaVT SFT schema.",
+    )
+    parser.add_argument("--needle", required=True, help="needle RL rows (.jsonl or .parquet)")
+    parser.add_argument("--model", required=True, help="local HF dir whose processor renders")
+    parser.add_argument("--out", required=True, help="output .jsonl or .parquet")
+    parser.add_argument("--mode", default="frames", choices=("frames", "subagent"))
+    parser.add_argument("--strategy", default="search", choices=("search", "oracle"))
+    parser.add_argument("--budgets", default="4,8", help="overview frame budgets, cycled")
+    parser.add_argument("--max-rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    agent = AgentConfig(max_rounds=args.max_rounds, mode=args.mode)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    path = write_needle_sft(args.needle, args.model, args.out, agent, args.strategy, budgets)
+    print(f"wrote {path}")
+    return 0
