@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from paravt.data.schemas import DataRowError, row_to_sample
+from paravt.errors import UserError
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 _REASONS_IN_WARNING = 3
 
 
-class DataFileError(ValueError):
+class DataFileError(UserError, ValueError):
     """A data file that cannot be read at all (the message names the file and the fix)."""
 
 
