@@ -27,8 +27,10 @@ def check_inputs(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     with exit_on_user_error():
+        from callbacks.progress import route_lightning_logs
         from paravt.modules.build import build_run, maybe_cold_start, summary
 
+        route_lightning_logs()
         check_inputs(cfg)
         run = build_run(cfg)
         maybe_cold_start(cfg, run)

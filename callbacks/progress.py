@@ -1,0 +1,147 @@
+"""Progress for long phases: a bar with counts and ETA on a terminal, one line per step otherwise.
+
+`StepProgress` replaces Lightning's bar for RL training (which reads `Epoch 0/-2` with
+`max_steps` and no epochs, and `6/5` after a resume): it counts global steps against
+`trainer.max_steps`, so a resumed run shows `7/20`, and when stdout is not a terminal (a log file,
+CI) it logs one concise line per step instead of nothing. `track` gives any other long loop (data
+generation, cold start, teacher tracing, evaluation) the same display. `route_lightning_logs`
+makes each Lightning log line appear once, and drops the cloud-logging advert.
+This module does not compute metrics; it shows the ones the module logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from lightning.pytorch.callbacks.progress import ProgressBar
+
+log = logging.getLogger("paravt.progress")
+T = TypeVar("T")
+_ADVERT = "litlogger"
+
+
+def format_duration(seconds: float) -> str:
+    """`0:42`, `3:05`, `1:02:03` (no days: runs here are hours, not weeks)."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def progress_line(
+    desc: str, done: int, total: int | None, elapsed: float, fresh: int, metrics: Mapping
+) -> str:
+    """One line: `RL step 7/20 | 2.1 s/it | ETA 0:27 | reward 0.412`.
+
+    `fresh` counts the items done in this process (a resume starts with done > 0), so the rate
+    and the ETA come from this run's own speed.
+    """
+    head = f"{desc} {done}/{total}" if total else f"{desc} {done}"
+    parts = [head]
+    if fresh > 0:
+        rate = elapsed / fresh
+        parts.append(f"{rate:.1f} s/it")
+        if total:
+            parts.append(f"ETA {format_duration(rate * max(0, total - done))}")
+    parts += [f"{key} {float(value):.3f}" for key, value in metrics.items()]
+    return " | ".join(parts)
+
+
+def _is_tty(stream: Any) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def track(
+    items: Iterable[T], total: int | None = None, desc: str = "", every: int = 1
+) -> Iterator[T]:
+    """Yield `items`, showing a tqdm bar on a terminal or a log line every `every` items."""
+    total = total if total is not None else (len(items) if isinstance(items, Sequence) else None)
+    if _is_tty(sys.stderr):
+        from tqdm.auto import tqdm
+
+        yield from tqdm(items, total=total, desc=desc, dynamic_ncols=True)
+        return
+    start = time.perf_counter()
+    done = 0
+    for done, item in enumerate(items, start=1):
+        yield item
+        if done % every == 0 or done == total:
+            log.info(progress_line(desc, done, total, time.perf_counter() - start, done, {}))
+
+
+class _DropAdvert(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _ADVERT not in record.getMessage()
+
+
+def route_lightning_logs() -> None:
+    """Let the root (Hydra's) handlers print Lightning's records, once; drop the cloud advert."""
+    import lightning  # noqa: F401  (its import attaches the console handler removed here)
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if logging.getLogger().handlers:
+            logger.handlers.clear()
+            logger.propagate = True
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdvert) for f in logger.filters):
+            logger.addFilter(_DropAdvert())
+
+
+class StepProgress(ProgressBar):
+    """RL-step progress: global step / max_steps with ETA and the chosen metrics.
+
+    Args:
+        metrics: logged metric names to show (missing ones are left out).
+        every_n_steps: line frequency when not on a terminal.
+        desc: the label in front of the counts.
+    """
+
+    def __init__(
+        self, metrics: Sequence[str] = ("reward", "loss"), every_n_steps: int = 1, desc="RL step"
+    ) -> None:
+        super().__init__()
+        self.metric_names, self.every, self.desc = tuple(metrics), every_n_steps, desc
+        self._enabled, self._bar, self._start, self._first = True, None, 0.0, 0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _shown(self, trainer) -> dict[str, float]:
+        found = trainer.callback_metrics
+        return {k: float(found[k]) for k in self.metric_names if k in found}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._start, self._first = time.perf_counter(), trainer.global_step
+        if self._enabled and trainer.is_global_zero and _is_tty(sys.stderr):
+            from tqdm.auto import tqdm
+
+            total = trainer.max_steps if trainer.max_steps > 0 else None
+            self._bar = tqdm(total=total, initial=trainer.global_step, desc=self.desc)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not (self._enabled and trainer.is_global_zero):
+            return
+        step, total = trainer.global_step, trainer.max_steps if trainer.max_steps > 0 else None
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix({k: f"{v:.3f}" for k, v in self._shown(trainer).items()})
+        elif step % self.every == 0 or step == total:
+            elapsed = time.perf_counter() - self._start
+            line = progress_line(
+                self.desc, step, total, elapsed, step - self._first, self._shown(trainer)
+            )
+            log.info(line)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
