@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from lightning.pytorch.callbacks.progress import ProgressBar
+from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger("paravt.progress")
 T = TypeVar("T")
@@ -93,8 +93,11 @@ def route_lightning_logs() -> None:
             logger.addFilter(_DropAdvert())
 
 
-class StepProgress(ProgressBar):
+class StepProgress(Callback):
     """RL-step progress: global step / max_steps with ETA and the chosen metrics.
+
+    A plain Callback, not a Lightning ProgressBar: the trainer configs set
+    `enable_progress_bar: false` so Lightning's epoch bar stays off, and this one still shows.
 
     Args:
         metrics: logged metric names to show (missing ones are left out).
@@ -107,13 +110,7 @@ class StepProgress(ProgressBar):
     ) -> None:
         super().__init__()
         self.metric_names, self.every, self.desc = tuple(metrics), every_n_steps, desc
-        self._enabled, self._bar, self._start, self._first = True, None, 0.0, 0
-
-    def disable(self) -> None:
-        self._enabled = False
-
-    def enable(self) -> None:
-        self._enabled = True
+        self._bar, self._start, self._first = None, 0.0, 0
 
     def _shown(self, trainer) -> dict[str, float]:
         found = trainer.callback_metrics
@@ -121,14 +118,14 @@ class StepProgress(ProgressBar):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._start, self._first = time.perf_counter(), trainer.global_step
-        if self._enabled and trainer.is_global_zero and _is_tty(sys.stderr):
+        if trainer.is_global_zero and _is_tty(sys.stderr):
             from tqdm.auto import tqdm
 
             total = trainer.max_steps if trainer.max_steps > 0 else None
             self._bar = tqdm(total=total, initial=trainer.global_step, desc=self.desc)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not (self._enabled and trainer.is_global_zero):
+        if not trainer.is_global_zero:
             return
         step, total = trainer.global_step, trainer.max_steps if trainer.max_steps > 0 else None
         if self._bar is not None:

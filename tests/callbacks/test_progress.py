@@ -51,6 +51,7 @@ class _Tiny(pl.LightningModule):
 def test_step_progress_logs_one_line_per_step_with_the_true_total(tmp_path, caplog):
     trainer = pl.Trainer(
         max_steps=6, callbacks=[StepProgress(metrics=["reward"])], logger=False,
+        enable_progress_bar=False,
         enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path,
     )  # fmt: skip
     with caplog.at_level(logging.INFO, logger="paravt.progress"):
