@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import epoch_order, load_samples
-from paravt.errors import check_data_path, generation_dir
+from paravt.errors import check_data_path, generation_dir, may_generate_data
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,9 @@ class RolloutDataModule(pl.LightningDataModule):
         gen = dict(self.generate or {})
         out_dir = gen.pop("out_dir", None)
         check_data_path(self.train_path, bool(self.generate), out_dir)
-        if self.generate and not Path(self.train_path).exists():
+        if self.generate and may_generate_data(self.train_path, out_dir):
+            if Path(self.train_path).exists():
+                return
             from paravt.video.synthetic import NeedleConfig, generate
 
             out = generation_dir(self.train_path, out_dir)
