@@ -14,63 +14,15 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from lightning.pytorch.callbacks import Callback
 
+from paravt.progress import format_duration, is_tty, progress_line, track
+
+__all__ = ["StepProgress", "format_duration", "progress_line", "route_lightning_logs", "track"]
 log = logging.getLogger("paravt.progress")
-T = TypeVar("T")
 _ADVERT = "litlogger"
-
-
-def format_duration(seconds: float) -> str:
-    """`0:42`, `3:05`, `1:02:03` (no days: runs here are hours, not weeks)."""
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def progress_line(
-    desc: str, done: int, total: int | None, elapsed: float, fresh: int, metrics: Mapping
-) -> str:
-    """One line: `RL step 7/20 | 2.1 s/it | ETA 0:27 | reward 0.412`.
-
-    `fresh` counts the items done in this process (a resume starts with done > 0), so the rate
-    and the ETA come from this run's own speed.
-    """
-    head = f"{desc} {done}/{total}" if total else f"{desc} {done}"
-    parts = [head]
-    if fresh > 0:
-        rate = elapsed / fresh
-        parts.append(f"{rate:.1f} s/it")
-        if total:
-            parts.append(f"ETA {format_duration(rate * max(0, total - done))}")
-    parts += [f"{key} {float(value):.3f}" for key, value in metrics.items()]
-    return " | ".join(parts)
-
-
-def _is_tty(stream: Any) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
-
-
-def track(
-    items: Iterable[T], total: int | None = None, desc: str = "", every: int = 1
-) -> Iterator[T]:
-    """Yield `items`, showing a tqdm bar on a terminal or a log line every `every` items."""
-    total = total if total is not None else (len(items) if isinstance(items, Sequence) else None)
-    if _is_tty(sys.stderr):
-        from tqdm.auto import tqdm
-
-        yield from tqdm(items, total=total, desc=desc, dynamic_ncols=True)
-        return
-    start = time.perf_counter()
-    done = 0
-    for done, item in enumerate(items, start=1):
-        yield item
-        if done % every == 0 or done == total:
-            log.info(progress_line(desc, done, total, time.perf_counter() - start, done, {}))
 
 
 class _DropAdvert(logging.Filter):
@@ -118,7 +70,7 @@ class StepProgress(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._start, self._first = time.perf_counter(), trainer.global_step
-        if trainer.is_global_zero and _is_tty(sys.stderr):
+        if trainer.is_global_zero and is_tty(sys.stderr):
             from tqdm.auto import tqdm
 
             total = trainer.max_steps if trainer.max_steps > 0 else None

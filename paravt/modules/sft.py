@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.progress import track
 from paravt.types import Trajectory
 
 
@@ -37,7 +38,7 @@ def supervised_steps(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    for step in range(steps):
+    for step in track(range(steps), desc="cold start (SFT step)", every=10):
         start = (step * batch_size) % len(trajectories)
         batch = [trajectories[(start + i) % len(trajectories)] for i in range(batch_size)]
         logp, padded, _ = trajectory_logprobs(model, batch, ids)

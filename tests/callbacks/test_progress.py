@@ -7,13 +7,8 @@ import logging
 import lightning.pytorch as pl
 import torch
 
-from callbacks.progress import (
-    StepProgress,
-    format_duration,
-    progress_line,
-    route_lightning_logs,
-    track,
-)
+from callbacks.progress import StepProgress, route_lightning_logs
+from paravt.progress import format_duration, progress_line, track
 
 
 def test_progress_line_after_a_resume_counts_global_steps_and_this_runs_speed():
