@@ -100,7 +100,9 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.train_samples:
             return
         check_data_path(self.train_path, False, None)
-        self.train_samples, report = load_samples(self.train_path, layout=self.layout)
+        self.train_samples, report = load_samples(
+            self.train_path, layout=self.layout, video_check="open"
+        )
         log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)
         if not self.train_samples:
             raise ValueError(f"no usable training prompts in {self.train_path}: {report.skipped}")
