@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 from lightning.pytorch.callbacks import Callback
@@ -31,7 +32,8 @@ class _DropAdvert(logging.Filter):
 
 
 def route_lightning_logs() -> None:
-    """Let the root (Hydra's) handlers print Lightning's records, once; drop the cloud advert."""
+    """Let the root (Hydra's) handlers print Lightning's records, once; drop the cloud advert,
+    Lightning's internal deprecation warning and, off a terminal, transformers' file bars."""
     import lightning  # noqa: F401  (its import attaches the console handler removed here)
 
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -43,6 +45,12 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdvert) for f in logger.filters):
             logger.addFilter(_DropAdvert())
+    # Lightning's own use of a deprecated torch API: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    if not is_tty(sys.stderr):  # transformers' per-file bars are noise in a log file
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 class StepProgress(Callback):
