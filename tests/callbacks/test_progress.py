@@ -70,3 +70,21 @@ def test_lightning_records_print_once_and_without_the_cloud_advert(capsys):
         root.removeHandler(handler)
     err = capsys.readouterr().err
     assert err.count("hello once") == 1 and "litlogger" not in err
+
+
+def test_after_a_resume_the_count_continues_from_the_checkpoint(tmp_path, caplog):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def trainer(max_steps):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
+        return pl.Trainer(
+            max_steps=max_steps, callbacks=[StepProgress(metrics=["reward"]), ckpt],
+            logger=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )  # fmt: skip
+
+    trainer(2).fit(_Tiny())
+    with caplog.at_level(logging.INFO, logger="paravt.progress"):
+        trainer(4).fit(_Tiny(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "paravt.progress"]
+    assert [line.split(" |")[0] for line in lines] == ["RL step 3/4", "RL step 4/4"]
