@@ -4,13 +4,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.paravt-installed
+# -qq: pip's warnings (resolver notes, script locations) are not the user's business; errors show.
+PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
 
 .PHONY: test lint install demo
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

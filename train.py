@@ -1,7 +1,9 @@
 """PARA-GRPO training entry point: `python train.py [experiment=NAME] [key=value ...]`.
 
 Thin on purpose: Hydra composes conf/, `paravt.modules.build` instantiates the pieces, this file
-runs the optional cold start, `fit`, the HF export, and prints the run's summary.
+checks the user's paths before anything is built, runs the optional cold start, `fit`, the HF
+export, and prints the run's summary. A user's mistake (a missing path, a misspelt key under a
+`_target_`) prints one line and exits with code 2; `HYDRA_FULL_ERROR=1` shows the traceback.
 """
 
 from __future__ import annotations
@@ -9,23 +11,39 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from paravt.modules.build import build_run, maybe_cold_start, summary
+from paravt.errors import check_data_path, check_model_path, exit_on_user_error
+
+
+def check_inputs(cfg: DictConfig) -> None:
+    """Fail on a missing model or data path before anything is built or generated."""
+    model, data = cfg.get("model") or {}, cfg.get("data") or {}
+    if "path" in model:
+        check_model_path(model.path, model.get("build_tiny"), model.get("tiny_dir"))
+    if "train_path" in data:
+        gen = data.get("generate")
+        check_data_path(data.train_path, bool(gen), gen.get("out_dir") if gen else None)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
-        from paravt.modules.build_sft import run_sft
+    with exit_on_user_error():
+        from callbacks.progress import route_lightning_logs
+        from paravt.modules.build import build_run, maybe_cold_start, summary
 
-        return run_sft(cfg)
-    run = build_run(cfg)
-    maybe_cold_start(cfg, run)
-    run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
-    if cfg.export_hf:
-        run.module.export_hf(f"{cfg.run_dir}/hf")
-    print(summary(cfg, run))
-    reward = run.trainer.callback_metrics.get("reward")
-    return None if reward is None else float(reward)
+        route_lightning_logs()
+        if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
+            from paravt.modules.build_sft import run_sft
+
+            return run_sft(cfg)
+        check_inputs(cfg)
+        run = build_run(cfg)
+        maybe_cold_start(cfg, run)
+        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
+        if cfg.export_hf:
+            run.module.export_hf(f"{cfg.run_dir}/hf")
+        print(summary(cfg, run))
+        reward = run.trainer.callback_metrics.get("reward")
+        return None if reward is None else float(reward)
 
 
 if __name__ == "__main__":

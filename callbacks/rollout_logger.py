@@ -6,12 +6,14 @@ at the record's own `step`,
   ... by total reward), each turn's own text, its parsed calls, the tool results or errors, and
   the reward breakdown;
 - `rollouts/crop_timeline` (image): for the prompt of the best rollout, one row per rollout of
-  its group with the windows it cropped drawn as bars on the video's timeline, over the shaded
-  ground-truth windows.
+  its group with the windows it cropped drawn as bars on the video's timeline (seconds, with
+  ticks), over the shaded ground-truth windows; each row labelled with its reward and answer,
+  the title naming the sample, the step and the frame budget K (`callbacks.crop_figure`).
+  With `png_path`, the last one is also saved there as a PNG when training ends.
 With no TensorBoard-like logger (an `experiment` with `add_text` and `add_image`), it warns once
-and does nothing. matplotlib is not a dependency: the image is drawn with numpy by the pure
-`draw_crop_timeline`. This module deliberately logs no scalars (the module and other callbacks
-do) and writes only on global rank 0.
+and does nothing. matplotlib is not a dependency: the bars are drawn with numpy by the pure
+`draw_crop_timeline`, the labels with Pillow. This module deliberately logs no scalars (the
+module and other callbacks do) and writes only on global rank 0.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
+from callbacks.crop_figure import PLOT_WIDTH, ROW_HEIGHT, timeline_figure
 from callbacks.records import RolloutRecord, latest_rollout
 from callbacks.schedules import crossed_multiple
+from paravt.rewards.accuracy import extract_answer
 from paravt.types import RewardBreakdown, Trajectory, Turn
 
 BACKGROUND = (255, 255, 255)
@@ -168,7 +173,9 @@ def _timeline_span(
 class RolloutLogger(pl.Callback):
     """Every `every_n_steps` steps, write `num_trajectories` rollouts and a crop timeline."""
 
-    def __init__(self, every_n_steps: int = 10, num_trajectories: int = 2) -> None:
+    def __init__(
+        self, every_n_steps: int = 10, num_trajectories: int = 2, png_path: str | None = None
+    ) -> None:
         for name, value in (
             ("every_n_steps", every_n_steps),
             ("num_trajectories", num_trajectories),
@@ -179,6 +186,8 @@ class RolloutLogger(pl.Callback):
         self.num_trajectories = num_trajectories
         self._last_step = 0  # nothing to log before the first optimizer step
         self._warned = False
+        self.last_figure: np.ndarray | None = None  # [H, W, 3] the latest crop timeline
+        self.png_path = png_path
 
     def on_train_batch_end(
         self,
@@ -232,8 +241,37 @@ class RolloutLogger(pl.Callback):
             )
             text = format_trajectory(traj, record.rewards[n], title)
             writer.add_text(f"rollouts/trajectory_{i}", text, global_step=step)
-        b = picks[0] // size
-        rows = [crop_windows(t) for t in record.group(b)]
-        span = _timeline_span(record.durations[b], rows, record.windows[b])
-        image = draw_crop_timeline(rows, record.windows[b], span)
+        image = self.timeline(record, picks[0] // size, step)
+        self.last_figure = image
         writer.add_image("rollouts/crop_timeline", image, global_step=step, dataformats="HWC")
+
+    def timeline(self, record: RolloutRecord, b: int, step: int) -> np.ndarray:
+        """The labelled crop-timeline figure of prompt `b`'s group."""
+        group = record.group(b)
+        rows = [crop_windows(t) for t in group]
+        span = _timeline_span(record.durations[b], rows, record.windows[b])
+        bars = draw_crop_timeline(rows, record.windows[b], span, PLOT_WIDTH, ROW_HEIGHT)
+        rewards = record.rewards[b * record.group_size : (b + 1) * record.group_size]
+        labels = [_row_label(g, t, r) for g, (t, r) in enumerate(zip(group, rewards, strict=True))]
+        title = (
+            f"sample {group[0].sample_id} | step {step} | frame budget K = {record.budgets[b]} "
+            f"| video {span:g} s"
+        )
+        legend = "green: truth window   bars: cropped windows (alternating colours per call)"
+        return timeline_figure(bars, span, labels, title, legend)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.png_path and self.last_figure is not None and trainer.is_global_zero:
+            from PIL import Image
+
+            out = Path(self.png_path)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(self.last_figure).save(out)
+
+
+def _row_label(g: int, trajectory: Trajectory, reward: RewardBreakdown) -> str:
+    """`#2 r=0.85 ans: B` (the answer cut to 18 characters, `-` when there is none)."""
+    answer = " ".join(extract_answer(trajectory.response_text).split()) or "-"
+    if len(answer) > 18:
+        answer = answer[:17] + "…"
+    return f"#{g} r={reward.total:.2f} ans: {answer}"

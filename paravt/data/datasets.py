@@ -4,7 +4,9 @@
 `LoadReport.skipped` with its id and the reason, and a one-line warning is logged. Whole-file
 problems (unknown extension, unreadable file, a bad JSON line) raise `DataFileError` naming the
 file (and line). Row conversion rules live in `paravt.data.schemas`; this module only reads files,
-checks that videos exist (existence only, videos are not opened) and wraps the result for torch.
+checks each row's video (`video_check`: exists, opens and decodes its first frame, or also
+decodes its last frame, so a truncated or corrupt mp4 is skipped at load instead of stopping a
+training step) and wraps the result for torch. `fail_fast=True` raises on the first bad row.
 It deliberately does not build prompts, sample frames or batch tensors.
 """
 
@@ -24,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from paravt.data.schemas import DataRowError, row_to_sample
+from paravt.errors import UserError
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)
@@ -31,8 +34,17 @@ log = logging.getLogger(__name__)
 _REASONS_IN_WARNING = 3
 
 
-class DataFileError(ValueError):
+class DataFileError(UserError, ValueError):
     """A data file that cannot be read at all (the message names the file and the fix)."""
+
+
+class BadRowError(UserError, ValueError):
+    """A bad row or video under `fail_fast=True` (the message names the row, file and fix)."""
+
+
+# How hard each row's video is checked at load: none, the file exists, it opens and its first
+# frame decodes, or its last frame decodes too (catches truncated files whose header is intact).
+VIDEO_CHECKS = ("none", "exists", "open", "decode")
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,7 @@ class LoadReport:
     total: int
     kept: int
     skipped: tuple[tuple[str, str], ...]  # (row id, reason)
+    video_errors: int = 0  # how many of `skipped` had a missing or undecodable video
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -120,21 +133,27 @@ def load_samples(
     layout: str = "auto",
     check_videos: bool = True,
     limit: int | None = None,
+    video_check: str = "exists",
+    fail_fast: bool = False,
 ) -> tuple[list[Sample], LoadReport]:
     """Convert a file's rows to Samples, skipping (and reporting) malformed ones.
 
     Relative video paths are resolved against the file's directory. With `limit`, reading stops
     once `limit` samples are kept, so `total` counts only the rows examined. A row whose id
     repeats an earlier kept row is skipped: ids key the frame budget and resumption.
+    `check_videos=False` is `video_check="none"`; `fail_fast` raises `BadRowError` instead.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
+    if video_check not in VIDEO_CHECKS:
+        raise UserError(f"video_check must be one of {VIDEO_CHECKS}, got {video_check!r}")
+    check = video_check if check_videos else "none"
     rows = load_rows(path)
     base_dir = Path(path).parent
     samples: list[Sample] = []
     skipped: list[tuple[str, str]] = []
     seen: set[str] = set()
-    total = 0
+    total = video_errors = 0
     for index, row in enumerate(rows):
         if limit is not None and len(samples) >= limit:
             break
@@ -142,27 +161,54 @@ def load_samples(
         try:
             sample = row_to_sample(row, base_dir=base_dir, row_index=index, layout=layout)
         except DataRowError as error:
-            skipped.append((error.row_id, str(error)))
-            continue
-        problem = _sample_problem(sample, seen, check_videos)
+            problem, row_id, is_video = str(error), error.row_id, False
+        else:
+            row_id, problem = sample.id, _duplicate(sample, seen)
+            is_video = problem is None and (problem := video_problem(sample, check)) is not None
         if problem:
-            skipped.append((sample.id, problem))
+            if fail_fast:
+                raise BadRowError(f"{path}: {problem} (fail_fast is on; fix or drop the row)")
+            skipped.append((row_id, problem))
+            video_errors += is_video
             continue
         seen.add(sample.id)
         samples.append(sample)
-    report = LoadReport(str(path), total, len(samples), tuple(skipped))
+    report = LoadReport(str(path), total, len(samples), tuple(skipped), video_errors)
     _log_report(report)
     return samples, report
 
 
-def _sample_problem(sample: Sample, seen: set[str], check_videos: bool) -> str | None:
+def _duplicate(sample: Sample, seen: set[str]) -> str | None:
     if sample.id in seen:
         return f"row {sample.id!r}: field 'id': duplicate id; give every row a unique id"
-    if check_videos and not os.path.isfile(sample.video):
+    return None
+
+
+def video_problem(sample: Sample, check: str) -> str | None:
+    """Why the sample's video cannot be used under `check` (see VIDEO_CHECKS), or None."""
+    if check == "none":
+        return None
+    where = f"row {sample.id!r}: field 'videos[0].video'"
+    if not os.path.isfile(sample.video):
         return (
-            f"row {sample.id!r}: field 'videos[0].video': video file not found: {sample.video}; "
+            f"{where}: video file not found: {sample.video}; "
             "fix the path (relative paths are resolved against the data file's folder)"
         )
+    if check == "exists":
+        return None
+    from paravt.video.reader import VideoError, VideoReader
+
+    reader = VideoReader(cache_size=1)
+    try:
+        info = reader.info(sample.video)
+        if info.num_frames < 2:
+            return f"{where}: {sample.video} has {info.num_frames} frame; a video needs >= 2"
+        if check == "decode":
+            reader.read(sample.video, [info.num_frames - 1], max_pixels=64 * 64)
+    except VideoError as error:
+        return f"{where}: {error}"
+    except Exception as error:  # a decoder failure deep in the last frame of a truncated file
+        return f"{where}: {sample.video}: cannot decode its last frame ({error}); re-encode it"
     return None
 
 
@@ -170,11 +216,12 @@ def _log_report(report: LoadReport) -> None:
     if report.skipped:
         first = " | ".join(reason for _, reason in report.skipped[:_REASONS_IN_WARNING])
         log.warning(
-            "%s: skipped %d of %d rows (kept %d); first reasons: %s",
+            "%s: skipped %d of %d rows (kept %d), %d with a bad video; first reasons: %s",
             report.path,
             len(report.skipped),
             report.total,
             report.kept,
+            report.video_errors,
             first,
         )
     else:

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import epoch_order, load_samples
+from paravt.errors import check_data_path, generation_dir, may_generate_data
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)
@@ -83,22 +84,25 @@ class RolloutDataModule(pl.LightningDataModule):
         self.eval_samples: list[Sample] = []
 
     def prepare_data(self) -> None:
-        if self.generate and not Path(self.train_path).exists():
+        gen = dict(self.generate or {})
+        out_dir = gen.pop("out_dir", None)
+        check_data_path(self.train_path, bool(self.generate), out_dir)
+        if self.generate and may_generate_data(self.train_path, out_dir):
+            if Path(self.train_path).exists():
+                return
             from paravt.video.synthetic import NeedleConfig, generate
 
-            out = Path(self.train_path).parent
+            out = generation_dir(self.train_path, out_dir)
             log.info("generating synthetic needle data in %s", out)
-            generate(NeedleConfig(**self.generate), out)
+            generate(NeedleConfig(**gen), out)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_samples:
             return
-        if not Path(self.train_path).exists():
-            raise FileNotFoundError(
-                f"data.train_path {self.train_path!r} does not exist; point it at a parquet/jsonl "
-                "file in the ParaVT or verl layout (or set data.generate to make needle data)"
-            )
-        self.train_samples, report = load_samples(self.train_path, layout=self.layout)
+        check_data_path(self.train_path, False, None)
+        self.train_samples, report = load_samples(
+            self.train_path, layout=self.layout, video_check="open"
+        )
         log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)
         if not self.train_samples:
             raise ValueError(f"no usable training prompts in {self.train_path}: {report.skipped}")

@@ -1,7 +1,9 @@
 """Load a policy (model + processor) from a local HF-format directory.
 
 For the CPU demo and tests the directory may be absent: `build_tiny` names an architecture and a
-tiny random checkpoint is built there first (nothing is downloaded, ever). Paths are local only;
+tiny random checkpoint is built there first (nothing is downloaded, ever), but only at the tiny
+model's own folder `tiny_dir` when one is named, so a mistyped `model.path` is an error, not a
+new random model (rules in `paravt.errors`). Paths are local only;
 a hub id is refused with a message, since run-time downloads are not part of paravt's contract.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from paravt.errors import UserError, check_model_path
 from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model
 
 
@@ -23,6 +26,7 @@ class PolicySpec:
     dtype: str = "float32"
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
+    tiny_dir: str | None = None  # the one folder a tiny model may be built in (None: `path`)
 
 
 def load_policy(spec: PolicySpec):
@@ -32,13 +36,9 @@ def load_policy(spec: PolicySpec):
 
     path = Path(spec.path).expanduser()
     if not (path / "config.json").exists():
-        if spec.build_tiny is None:
-            raise FileNotFoundError(
-                f"model.path {spec.path!r} is not a local HF checkpoint (no config.json); "
-                "download it first, or set model.build_tiny=qwen3_vl for a tiny test model"
-            )
+        check_model_path(spec.path, spec.build_tiny, spec.tiny_dir)
         if spec.build_tiny not in ARCHS:
-            raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {spec.build_tiny!r}")
+            raise UserError(f"model.build_tiny must be one of {ARCHS}, got {spec.build_tiny!r}")
         build_tiny_model(path, TinyModelConfig(arch=spec.build_tiny))
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=getattr(torch, spec.dtype), attn_implementation=spec.attn_implementation

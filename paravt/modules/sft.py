@@ -23,6 +23,7 @@ from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_ba
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
 from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rollout.hf import visual_kwargs
 from paravt.types import Trajectory
@@ -50,7 +51,7 @@ def supervised_steps(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    for step in range(steps):
+    for step in track(range(steps), desc="cold start (SFT step)", every=10):
         start = (step * batch_size) % len(trajectories)
         batch = [trajectories[(start + i) % len(trajectories)] for i in range(batch_size)]
         logp, padded, _ = trajectory_logprobs(model, batch, ids)

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from paravt.progress import track
 from paravt.video.writer import write_video
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -356,7 +357,7 @@ def generate(cfg: NeedleConfig, out_dir: str | Path) -> dict[str, Path]:
     written = {"videos": out / "videos"}
     for split, count in (("train", cfg.num_train), ("eval", cfg.num_eval)):
         rows = []
-        for index in range(count):
+        for index in track(range(count), desc=f"needle {split} videos", every=16):
             row, needles = _plan(cfg, split, index)
             frames = render_frames(
                 needles,

@@ -10,6 +10,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 from PIL import Image
 
+from callbacks.crop_figure import MARGIN, PLOT_TOP, PLOT_WIDTH, ROW_HEIGHT, nice_ticks
 from callbacks.rollout_logger import (
     BACKGROUND,
     CROPS,
@@ -115,7 +116,8 @@ def _image(event) -> np.ndarray:
 
 
 def test_writes_text_and_timeline_to_tensorboard(tmp_path, toy):
-    callback = RolloutLogger(every_n_steps=2, num_trajectories=2)
+    png = tmp_path / "run" / "crop_timeline.png"
+    callback = RolloutLogger(every_n_steps=2, num_trajectories=2, png_path=str(png))
     _, _, log_dir = toy.fit(tmp_path, [callback], max_steps=4)
     events = toy.read_events(log_dir)
     # fires after optimizer steps 2 and 4, i.e. on the rollouts of training steps 1 and 3
@@ -132,13 +134,22 @@ def test_writes_text_and_timeline_to_tensorboard(tmp_path, toy):
 
     images = {e.step: e for e in events.Images("rollouts/crop_timeline")}
     assert sorted(images) == [1, 3]
-    pixels = _image(images[1])
-    # G = 2 rows of 16 px over 480 px for 60 s: crop and truth [10, 20] s -> columns [80, 160)
-    assert pixels.shape == (32, 480, 3)
-    assert tuple(pixels[8, 80]) == CROPS[0] and tuple(pixels[8, 159]) == CROPS[0]
-    assert tuple(pixels[8, 160]) == BACKGROUND and tuple(pixels[8, 79]) == BACKGROUND
-    assert tuple(pixels[24, 100]) == TRUTH  # rollout 1 cropped nothing: only the shading
-    assert tuple(pixels[2, 100]) == TRUTH  # rollout 0's padding
+    figure = _image(images[1])
+    # The title, row labels and axis frame the bars: the figure is larger than the plot.
+    assert figure.shape[0] > PLOT_TOP + 2 * ROW_HEIGHT and figure.shape[1] > PLOT_WIDTH
+    assert (figure[MARGIN : PLOT_TOP - 4, MARGIN : MARGIN + 200] != 255).any()  # title ink
+    labels = figure[PLOT_TOP : PLOT_TOP + 2 * ROW_HEIGHT, MARGIN + PLOT_WIDTH + 8 :]
+    assert (labels != 255).any()  # row labels ink
+    pixels = figure[PLOT_TOP : PLOT_TOP + 2 * ROW_HEIGHT, MARGIN : MARGIN + PLOT_WIDTH]
+    # G = 2 rows of 22 px over 560 px for 60 s: crop and truth [10, 20] s -> columns
+    # [round(93.3), round(186.7)) = [93, 187); bars fill pixel rows [5, 17) of row 0.
+    assert tuple(pixels[11, 93]) == CROPS[0] and tuple(pixels[11, 186]) == CROPS[0]
+    assert tuple(pixels[11, 187]) == BACKGROUND and tuple(pixels[11, 92]) == BACKGROUND
+    assert tuple(pixels[33, 120]) == TRUTH  # rollout 1 cropped nothing: only the shading
+    assert tuple(pixels[2, 120]) == TRUTH  # rollout 0's padding
+    # The last figure is saved as a PNG in the run folder when training ends.
+    saved = np.asarray(Image.open(png).convert("RGB"))
+    assert np.array_equal(saved, _image(images[3]))
 
 
 def test_unknown_duration_falls_back_to_the_last_window_end(tmp_path, toy):
@@ -148,9 +159,10 @@ def test_unknown_duration_falls_back_to_the_last_window_end(tmp_path, toy):
 
     module = toy.Module(scenario=scenario)
     _, _, log_dir = toy.fit(tmp_path, [RolloutLogger(every_n_steps=1)], module=module, max_steps=1)
-    pixels = _image(toy.read_events(log_dir).Images("rollouts/crop_timeline")[0])
-    # span = 20 s (the last end): [10, 20] s -> columns [240, 480)
-    assert tuple(pixels[8, 239]) == BACKGROUND and tuple(pixels[8, 240]) == CROPS[0]
+    figure = _image(toy.read_events(log_dir).Images("rollouts/crop_timeline")[0])
+    pixels = figure[PLOT_TOP:, MARGIN:]
+    # span = 20 s (the last end): [10, 20] s -> columns [280, 560)
+    assert tuple(pixels[11, 279]) == BACKGROUND and tuple(pixels[11, 280]) == CROPS[0]
 
 
 @pytest.mark.parametrize("logger", ["csv", False])
@@ -167,3 +179,21 @@ def test_without_tensorboard_it_warns_once_and_skips(tmp_path, toy, logger):
 def test_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="must be an int >= 1"):
         RolloutLogger(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("duration", "expected"),
+    [(100.0, [0, 20, 40, 60, 80, 100]), (60.0, [0, 10, 20, 30, 40, 50, 60]), (7.5, list(range(8)))],
+)
+def test_axis_ticks_are_round_seconds(duration, expected):
+    # 100 / 8 = 12.5 -> step 20; 60 / 8 = 7.5 -> 10; 7.5 / 8 = 0.94 -> 1
+    assert nice_ticks(duration) == expected
+
+
+def test_row_label_names_reward_and_answer(toy):
+    from callbacks.rollout_logger import _row_label
+
+    traj = toy.trajectory("p0", 1, crops=[(10.0, 20.0)], text="<think>x</think><answer>B</answer>")
+    assert _row_label(1, traj, RewardBreakdown(total=0.853)) == "#1 r=0.85 ans: B"
+    wordy = toy.trajectory("p0", 0, text="<answer>the red   ball on the left side</answer>")
+    assert _row_label(0, wordy, RewardBreakdown(total=0.0)) == "#0 r=0.00 ans: the red ball on t…"

@@ -1,0 +1,121 @@
+"""Mistakes a user can make at the front door, and the rules that decide what may be created.
+
+`UserError` is the one exception type the entry points turn into a single line and exit code 2
+(a deep traceback is for bugs, not for a mistyped path). The path rules are pure functions of
+plain values, shared by the pre-flight check in train.py, the data module and the policy loader,
+so "generate only where asked" is decided in exactly one place. This module imports nothing
+heavy and never touches the filesystem beyond `exists` checks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message names the problem and the fix in one line."""
+
+
+class InputPathError(UserError, FileNotFoundError):
+    """A user-given data or model path that does not exist and will not be created."""
+
+
+def _same_place(a: str | Path, b: str | Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def generation_dir(train_path: str, generate_out_dir: str | None) -> Path:
+    """Where synthetic needle data for `train_path` is written (its folder, unless named)."""
+    return Path(generate_out_dir) if generate_out_dir else Path(train_path).parent
+
+
+def may_generate_data(train_path: str, generate_out_dir: str | None) -> bool:
+    """Generation is allowed only into its own folder: train_path must lie directly in it.
+
+    The default config names both (artifacts/needle); a user who points train_path anywhere else
+    gets an error instead of 80 videos written next to a mistyped path.
+    """
+    if generate_out_dir is None:
+        return True  # the caller passed `generate` explicitly without a folder: its own choice
+    return _same_place(Path(train_path).parent, generate_out_dir)
+
+
+def check_data_path(train_path: str, generate: bool, generate_out_dir: str | None) -> None:
+    """Raise `InputPathError` unless train_path exists or will be generated where asked."""
+    if Path(train_path).expanduser().exists():
+        return
+    if generate and may_generate_data(train_path, generate_out_dir):
+        return
+    hint = (
+        f"synthetic needle data is generated only into data.generate.out_dir={generate_out_dir}; "
+        "set data.generate.out_dir to this file's folder to generate it there"
+        if generate
+        else "or set data.generate to make synthetic needle data"
+    )
+    raise InputPathError(
+        f"data.train_path {train_path!r} does not exist; point it at a parquet/jsonl file in the "
+        f"ParaVT or verl layout ({hint})"
+    )
+
+
+def may_build_tiny(path: str, build_tiny: str | None, tiny_dir: str | None) -> bool:
+    """A tiny model is built only when asked, and only at its own folder (tiny_dir, if named)."""
+    if build_tiny is None:
+        return False
+    return tiny_dir is None or _same_place(path, tiny_dir)
+
+
+def check_model_path(path: str, build_tiny: str | None, tiny_dir: str | None) -> None:
+    """Raise `InputPathError` unless `path` holds an HF checkpoint or a tiny one is built there."""
+    if (Path(path).expanduser() / "config.json").exists():
+        return
+    if may_build_tiny(path, build_tiny, tiny_dir):
+        return
+    if build_tiny is not None:
+        fix = (
+            f"the tiny {build_tiny} model is built only at model.tiny_dir={tiny_dir}; "
+            "set model.tiny_dir to this path to build one here"
+        )
+    else:
+        fix = "download the checkpoint there, or use model=tiny_qwen3 for a tiny local model"
+    raise InputPathError(
+        f"model.path {path!r} is not a local HF checkpoint (no config.json); {fix}"
+    )
+
+
+@contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """Turn a user's mistake into one line on stderr and exit code 2 (HYDRA_FULL_ERROR=1: raise).
+
+    Catches `UserError` and Hydra's instantiation errors (a misspelt key under a `_target_`);
+    anything else is a bug and keeps its traceback.
+    """
+    try:
+        yield
+    except Exception as error:
+        message = user_message(error)
+        if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def user_message(error: BaseException) -> str | None:
+    """The one-line message for a user's mistake, or None for an error that is a bug."""
+    if isinstance(error, UserError):
+        return str(error)
+    cause = error.__cause__
+    if type(error).__name__ == "InstantiationException":
+        if isinstance(cause, UserError):
+            return str(cause)
+        first = str(error).splitlines()[0].rstrip(":")
+        detail = f"{type(cause).__name__}: {cause}" if cause is not None else ""
+        return (
+            f"config error: {first} {detail}; check the key names against the conf/ file of "
+            "that group (`python train.py --cfg job` prints the composed config)"
+        )
+    return None

@@ -1,0 +1,97 @@
+"""The front door: a user's mistake prints one line, exits 2 and creates nothing (issue 15/12).
+
+train.py runs as a subprocess in an empty folder, exactly as a user would start it; every check
+here fails before a model or data set is built, so each run takes about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paravt.errors import InputPathError, may_build_tiny, may_generate_data, user_message
+from paravt.models.loading import PolicySpec, load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(cwd: Path, *overrides: str, full_error: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    if full_error:
+        env["HYDRA_FULL_ERROR"] = "1"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={cwd / 'run'}", *overrides]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def created(cwd: Path) -> list[str]:
+    """Everything under cwd except the Hydra run folder (its config copy and log)."""
+    return sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*") if "run" not in p.parts)
+
+
+def test_a_missing_data_path_fails_naming_it_and_creates_nothing(tmp_path):
+    bad = tmp_path / "data" / "nonexistent.parquet"
+    (tmp_path / "data").mkdir()
+    result = train(tmp_path, f"data.train_path={bad}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "data.generate.out_dir" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert created(tmp_path) == ["data"]  # no videos, no jsonl, no tiny model, no artifacts/
+    assert not list(tmp_path.rglob("*.mp4"))
+
+
+def test_a_missing_model_path_fails_naming_it_and_builds_no_model(tmp_path):
+    bad = tmp_path / "models" / "nope"
+    result = train(tmp_path, f"model.path={bad}")
+    assert result.returncode == 2, result.stderr
+    assert str(bad) in result.stderr and "model.tiny_dir" in result.stderr
+    assert not bad.exists() and created(tmp_path) == []
+
+
+def test_a_misspelt_key_under_a_target_is_one_line(tmp_path):
+    result = train(tmp_path, "+model.pathh=x")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "pathh" in line and "--cfg job" in line
+    assert "Traceback" not in result.stderr
+
+
+def test_hydra_full_error_still_shows_the_traceback(tmp_path):
+    result = train(tmp_path, f"data.train_path={tmp_path / 'x.jsonl'}", full_error=True)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "InputPathError" in result.stderr
+
+
+def test_hydra_config_errors_name_the_key_and_the_experiment(tmp_path):
+    typo = train(tmp_path, "trainer.max_stepz=3")
+    assert typo.returncode != 0 and "max_stepz" in typo.stderr and "Traceback" not in typo.stderr
+    unknown = train(tmp_path, "experiment=nope")
+    assert unknown.returncode != 0 and "experiment/nope" in unknown.stderr
+    assert "demo" in unknown.stderr  # the available experiments are listed
+
+
+def test_generation_and_tiny_building_happen_only_in_their_own_folder(tmp_path):
+    own = tmp_path / "artifacts" / "needle"
+    assert may_generate_data(str(own / "train.jsonl"), str(own))
+    assert not may_generate_data("/nonexistent.parquet", str(own))
+    assert may_generate_data(str(tmp_path / "x" / "train.jsonl"), None)  # explicit caller
+    assert may_build_tiny("artifacts/tiny", "qwen3_vl", "artifacts/tiny/")
+    assert not may_build_tiny("/nonexistent", "qwen3_vl", "artifacts/tiny")
+    assert not may_build_tiny("artifacts/tiny", None, None)
+
+
+def test_load_policy_refuses_to_build_a_tiny_model_at_a_user_path(tmp_path):
+    spec = PolicySpec(path=str(tmp_path / "typo"), build_tiny="qwen3_vl", tiny_dir="artifacts/x")
+    with pytest.raises(InputPathError, match="typo"):
+        load_policy(spec)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bugs_are_not_dressed_up_as_user_errors():
+    assert user_message(KeyError("x")) is None
+    assert user_message(InputPathError("data.train_path 'x' does not exist")) is not None
