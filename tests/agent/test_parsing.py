@@ -242,9 +242,13 @@ def test_has_tool_call_syntax() -> None:
 def test_strip_tool_blocks_removes_blocks_and_stray_closing_tags() -> None:
     assert strip_tool_blocks("A" + call_block(1, 2) + "B</tool_call>C") == "ABC"
     assert strip_tool_blocks("answer: B <tool_code>crop_video(1, 2") == "answer: B "
-    # pass 1 drops both stray closers, joining "<tool_" + "call>" into an opening tag;
-    # pass 2 drops the now-unclosed block "<tool_call>xy" to the end of the text.
-    assert strip_tool_blocks("<tool_</tool_call>call>x</tool_call>y") == ""
+    # The stray closer is dropped, joining "<tool_" + "call>" into an opening tag; that block
+    # is closed by the next closer, and what follows it is kept.
+    assert strip_tool_blocks("<tool_</tool_call>call>x</tool_call>y") == "y"
+    # Nested joins, one layer per tag: the old fixpoint loop took one full pass per layer.
+    layers = 50
+    nested = "</tool_" * layers + "</tool_call>" + "call>" * layers + "kept"
+    assert strip_tool_blocks(nested) == "kept"
 
 
 # --- properties -----------------------------------------------------------------------------
