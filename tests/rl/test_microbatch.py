@@ -106,7 +106,9 @@ def test_a_single_token_share_weight_is_wrong_for_sequence_means() -> None:
     share = [t / sum(tokens) for t in tokens]
 
     def token_share(th):
-        return sum(s * _objective(th, c, batch, "ppo", agg) for c, s in zip(chunks, share))
+        return sum(
+            s * _objective(th, c, batch, "ppo", agg) for c, s in zip(chunks, share, strict=True)
+        )
 
     assert not torch.allclose(_grad(token_share), whole, atol=1e-6, rtol=0)
 
