@@ -34,7 +34,7 @@ CALL_EXAMPLE = (
 _OPEN_RE = re.compile(r"<tool_call>|<tool_code>")
 _CLOSE_RE = re.compile(r"</tool_call>|</tool_code>")
 _FENCE_RE = re.compile(r"^\s*```[A-Za-z]*\s*|\s*```\s*$")
-_UNIT_RE = re.compile(r"\s*(?:s|secs?|seconds?)$", re.IGNORECASE)
+_TIME_UNITS: tuple[str, ...] = ("seconds", "second", "secs", "sec", "s")  # longest first
 _CLOCK_RE = re.compile(r"^(?:(\d{1,6}):)?(\d{1,6}):(\d{1,6}(?:\.\d{0,9})?)$")
 # A turn holds at most ~2K tokens; a block far longer than that is not a call worth parsing.
 _MAX_BLOCK_CHARS = 20_000
@@ -276,8 +276,18 @@ def parse_time(value: Any) -> float | str:
     return seconds if math.isfinite(seconds) else hint
 
 
+def _strip_unit(text: str) -> str:
+    # endswith, not a `\s*(s|secs?|seconds?)$` regex: that one rescans a whitespace run from
+    # every position in it (quadratic on a long run inside a tool argument).
+    lowered = text.lower()
+    for unit in _TIME_UNITS:
+        if lowered.endswith(unit):
+            return text[: -len(unit)].rstrip()
+    return text
+
+
 def _parse_time_text(text: str) -> float | None:
-    text = _UNIT_RE.sub("", text.strip())
+    text = _strip_unit(text.strip())
     try:
         return float(text)
     except ValueError:

@@ -4,9 +4,9 @@ PARAVT.md section 3. `format_reward` reads the WHOLE trajectory's own text (ever
 forced `<think>\\n` prefix included) and returns every term in a frozen `FormatTerms`:
 
     credits (0/1-valued, except balance):
-             think   - some CLOSED think block holds >= min_think_chars non-blank characters
-                       (an opened, never closed `<think>` is not a think: the recipe's regex
-                       needs both tags, and this is what scores an unclosed think 0.225);
+             think   - some think block holds >= min_think_chars non-blank characters
+                       (an unclosed block counts up to the next tag: the spec credits a
+                       substantive think, and the anchor's closed_think a closed one);
              answer  - the last closed `<answer>...</answer>` is non-empty;
              order   - a closed think ends before the first action: the first `<tool_call>`, or
                        the first `<answer>` when no tool is called (no action: 0);
@@ -21,14 +21,17 @@ Two formulas combine them (`formula=`, registry `FORMULAS`):
     "reference" (default; the reference recipe, R_fmt in [0, 1] as in the paper):
         base  = sum of weight * credit, FIXED credit weights 0.25 each (a perfect text earns 1)
         total = clip(base + anchor_weight * anchor, 0, 1)        (anchor_weight = 0.5)
+        (the reference release clips at 1 only; the lower clip changes one case, an unclosed
+        think with no other credit, -0.15 -> 0, and keeps R_fmt in [0, 1] as the paper has it)
     "mean" (paravt's first formula, kept for old runs): base = the weighted MEAN of the credits
         (weights relative), total = base + anchor_weight * anchor, unclipped, so it spans
         [-0.15, 1.35] with the defaults.
 
-Reference scores this reproduces (tests/rewards/test_format.py): no think 0.5, an unclosed think
-0.225, an answer outside the tags 0.7, a too-short think 0.9, only tool calls 0.95, a full
-think -> answer 1.0 (1.35 before the clip). The clip is what makes f_tau, the mean R_fmt of the
-training rollouts, comparable with the paper's figures (0.13 -> 0.64).
+Reference scores this reproduces (tests/rewards/test_format.py): no think 0.5, an unclosed
+think (the forced `<think>` prefix, then the answer) 0.225, an answer outside the tags 0.7, a
+too-short think 0.9, only tool calls 0.95, a full think -> answer 1.0 (1.35 before the clip).
+The clip is what makes f_tau, the mean R_fmt of the training rollouts, comparable with the
+paper's figures (0.13 -> 0.64).
 
 This module deliberately does not touch tokens or log-probabilities: the token-level anchor of
 section 4(i) lives in `structural.py`. It does not parse tool-call JSON either: a `<tool_call>`
@@ -145,7 +148,7 @@ def _indicators(text: str, min_think_chars: int) -> dict[str, float]:
     first_action = (calls or answers)[0].open_start if (calls or answers) else None
     present = [name for name in PAIRED_TAGS if any(t.name == name for t in tags)]
     return {
-        "think": float(any(b.closed and substantive(b) for b in thinks)),
+        "think": float(any(substantive(b) for b in thinks)),
         "answer": float(answer),
         "order": float(first_action is not None and any(e <= first_action for e in closed_ends)),
         "balance": sum(parsed[n][1] for n in present) / len(present) if present else 0.0,

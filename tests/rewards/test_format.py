@@ -33,8 +33,9 @@ REFERENCE_SCORES = {
     # The reference recipe's R_fmt of typical completions (issue 12). Hand computation with
     # credit weights 0.25, anchor weight 0.5, clip to [0, 1]:
     "no think": ("<answer>B</answer>", 0.5),  # answer + balance = 0.5
-    # unclosed: answer 0.25 + balance 0.5 * 0.25 - 0.5 * 0.3 = 0.225
-    "unclosed think": (f"<think>\n{THOUGHT} <answer>B</answer>", 0.225),
+    # the forced prefix left open, then the answer: answer 0.25 + balance 0.5 * 0.25
+    # - 0.5 * 0.3 = 0.225
+    "unclosed think": ("<think>\n<answer>B</answer>", 0.225),
     # think + balance 0.5, + 0.5 * 0.4 closed substantive think = 0.7
     "answer outside tags": (f"<think>\n{THOUGHT}</think>\nThe answer is B.", 0.7),
     # answer + order + balance 0.75, + 0.5 * 0.3 flow = 0.9
@@ -69,14 +70,17 @@ def test_tool_call_before_any_think_loses_order() -> None:
 
 def test_unclosed_think_penalty() -> None:
     terms = format_reward("<think>\nI keep thinking forever <answer>B</answer>")
-    # an unclosed think earns no think credit, however long; answer 1; order 0 (no closed think
-    # before the answer); balance: think unbalanced, answer balanced -> 1/2.
-    # base = 0.25 * (0 + 1 + 0 + 0.5) = 0.375
-    assert (terms.think, terms.answer, terms.order, terms.balance) == (0.0, 1.0, 0.0, 0.5)
-    assert terms.base == pytest.approx(0.375)
-    # anchor = -0.3 (no closed think, no flow); total = 0.375 - 0.15 = 0.225 (the recipe's score)
+    # think content runs to the next tag: "I keep thinking forever" >= 10 chars -> think 1;
+    # answer 1; order 0 (no closed think before the answer); balance: think unbalanced,
+    # answer balanced -> 1/2. base = 0.25 * (1 + 1 + 0 + 0.5) = 0.625
+    assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 0.0, 0.5)
+    assert terms.base == pytest.approx(0.625)
+    # anchor = -0.3 (no closed think, no flow); total = 0.625 - 0.15 = 0.475
     assert (terms.closed_think, terms.flow, terms.unclosed_think) == (0.0, 0.0, 1.0)
-    assert terms.total == pytest.approx(0.225)
+    assert terms.total == pytest.approx(0.475)
+    # The penalty alone would go below 0: clipped, R_fmt stays in [0, 1].
+    assert format_reward("<think>\nhm").total == 0.0
+    assert format_reward("<think>\nhm", formula="mean").total == pytest.approx(-0.15)
 
 
 def test_short_think_is_not_substantive() -> None:
