@@ -313,3 +313,39 @@ def test_well_formed_calls_round_trip(
         arguments = json.dumps({start_key: start, end_key: end})
         text = f'<tool_call>{{"name": "crop_video", "arguments": {arguments}}}</tool_call>'
     assert only_call(text).arguments == {"start_time": start, "end_time": end}
+
+
+def _find_blocks_rescan(text: str) -> list[tuple[int, int, str]]:
+    """The readable (quadratic) form: search for the next closing and opening after each tag."""
+    blocks, pos = [], 0
+    while (opening := _OPENING.search(text, pos)) is not None:
+        body = opening.end()
+        closing = re.compile(r"</tool_call>|</tool_code>").search(text, body)
+        following = _OPENING.search(text, body)
+        if following is not None and (closing is None or following.start() < closing.start()):
+            blocks.append((opening.start(), following.start(), text[body : following.start()]))
+            pos = following.start()
+        elif closing is None:
+            blocks.append((opening.start(), len(text), text[body:]))
+            break
+        else:
+            blocks.append((opening.start(), closing.end(), text[body : closing.start()]))
+            pos = closing.end()
+    return blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40))
+def test_linear_find_blocks_matches_the_rescan_form(parts: list[str]) -> None:
+    from paravt.agent.parsing import _find_blocks
+
+    text = "".join(parts)
+    assert [(b.start, b.end, b.body) for b in _find_blocks(text)] == _find_blocks_rescan(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40))
+def test_strip_tool_blocks_leaves_no_tool_syntax(parts: list[str]) -> None:
+    out = strip_tool_blocks("".join(parts))
+    assert not has_tool_call_syntax(out)
+    assert "</tool_call>" not in out and "</tool_code>" not in out
