@@ -34,7 +34,7 @@ CALL_EXAMPLE = (
 _OPEN_RE = re.compile(r"<tool_call>|<tool_code>")
 _CLOSE_RE = re.compile(r"</tool_call>|</tool_code>")
 _FENCE_RE = re.compile(r"^\s*```[A-Za-z]*\s*|\s*```\s*$")
-_UNIT_RE = re.compile(r"\s*(?:s|secs?|seconds?)$", re.IGNORECASE)
+_TIME_UNITS: tuple[str, ...] = ("seconds", "second", "secs", "sec", "s")  # longest first
 _CLOCK_RE = re.compile(r"^(?:(\d{1,6}):)?(\d{1,6}):(\d{1,6}(?:\.\d{0,9})?)$")
 # A turn holds at most ~2K tokens; a block far longer than that is not a call worth parsing.
 _MAX_BLOCK_CHARS = 20_000
@@ -64,26 +64,27 @@ class _Block:
 
 
 def _find_blocks(text: str) -> list[_Block]:
-    """Blocks in order; an unclosed block runs to the next opening tag or to the end of text."""
+    """Blocks in order; an unclosed block runs to the next opening tag or to the end of text.
+
+    Linear time: every tag is found once up front (tags cannot overlap one another), then one
+    walk pairs each opening with the next closing or opening after it.
+    """
+    opens = [(m.start(), m.end()) for m in _OPEN_RE.finditer(text)]
+    closes = [(m.start(), m.end()) for m in _CLOSE_RE.finditer(text)]
     blocks: list[_Block] = []
-    pos = 0
-    while (opening := _OPEN_RE.search(text, pos)) is not None:
-        body_start = opening.end()
-        closing = _CLOSE_RE.search(text, body_start)
-        following = _OPEN_RE.search(text, body_start)
-        if following is not None and (closing is None or following.start() < closing.start()):
-            blocks.append(
-                _Block(opening.start(), following.start(), text[body_start : following.start()])
-            )
-            pos = following.start()
-        elif closing is None:
-            blocks.append(_Block(opening.start(), len(text), text[body_start:]))
-            break
+    c = 0  # index of the first closing tag not yet passed
+    for i, (start, body_start) in enumerate(opens):
+        while c < len(closes) and closes[c][0] < body_start:
+            c += 1
+        next_open = opens[i + 1][0] if i + 1 < len(opens) else None
+        close = closes[c] if c < len(closes) else None
+        if next_open is not None and (close is None or next_open < close[0]):
+            end, body_end = next_open, next_open
+        elif close is None:
+            end, body_end = len(text), len(text)
         else:
-            blocks.append(
-                _Block(opening.start(), closing.end(), text[body_start : closing.start()])
-            )
-            pos = closing.end()
+            end, body_end = close[1], close[0]
+        blocks.append(_Block(start, end, text[body_start:body_end]))
     return blocks
 
 
@@ -92,17 +93,43 @@ def has_tool_call_syntax(text: str) -> bool:
     return _OPEN_RE.search(text) is not None
 
 
+_OPEN_TAGS: tuple[str, ...] = ("<tool_call>", "<tool_code>")
+_CLOSE_TAGS: tuple[str, ...] = ("</tool_call>", "</tool_code>")
+_TAG_LEN = len("<tool_call>")  # every opening tag has this length, every closing one more
+
+
+def _ends_with_any(chars: list[str], tags: tuple[str, ...]) -> bool:
+    if not chars or chars[-1] != ">":  # every tag ends in ">": one comparison per character
+        return False
+    return any("".join(chars[-len(tag) :]) == tag for tag in tags if len(chars) >= len(tag))
+
+
 def strip_tool_blocks(text: str) -> str:
-    """The text with every tool block (tags included) and stray closing tags removed."""
-    # Repeated until stable: removing a stray tag can join its neighbours into a new tag.
-    while has_tool_call_syntax(text) or _CLOSE_RE.search(text):
-        kept, pos = [], 0
-        for block in _find_blocks(text):
-            kept.append(text[pos : block.start])
-            pos = block.end
-        kept.append(text[pos:])
-        text = _CLOSE_RE.sub("", "".join(kept))
-    return text
+    """The text with every tool block (tags included) and stray closing tags removed.
+
+    One left-to-right pass with a stack, linear in the text: characters are kept until the kept
+    text ends in a tag. A closing tag outside a block is dropped; an opening tag starts a block,
+    which is dropped up to and including its closing tag, up to the next opening tag, or to the
+    end. A tag formed by joining the pieces around a removed tag counts as a tag
+    ("<tool_</tool_call>call>x</tool_call>y" -> "y"), so the result never holds tool syntax.
+    """
+    kept: list[str] = []
+    body: list[str] | None = None  # the current block's characters, None outside a block
+    for ch in text:
+        if body is None:
+            kept.append(ch)
+            if _ends_with_any(kept, _CLOSE_TAGS):
+                del kept[-(_TAG_LEN + 1) :]
+            elif _ends_with_any(kept, _OPEN_TAGS):
+                del kept[-_TAG_LEN:]
+                body = []
+            continue
+        body.append(ch)
+        if _ends_with_any(body, _CLOSE_TAGS):
+            body = None
+        elif _ends_with_any(body, _OPEN_TAGS):
+            body = []
+    return "".join(kept)
 
 
 def cap_error(index: int, max_calls: int) -> str:
@@ -249,8 +276,18 @@ def parse_time(value: Any) -> float | str:
     return seconds if math.isfinite(seconds) else hint
 
 
+def _strip_unit(text: str) -> str:
+    # endswith, not a `\s*(s|secs?|seconds?)$` regex: that one rescans a whitespace run from
+    # every position in it (quadratic on a long run inside a tool argument).
+    lowered = text.lower()
+    for unit in _TIME_UNITS:
+        if lowered.endswith(unit):
+            return text[: -len(unit)].rstrip()
+    return text
+
+
 def _parse_time_text(text: str) -> float | None:
-    text = _UNIT_RE.sub("", text.strip())
+    text = _strip_unit(text.strip())
     try:
         return float(text)
     except ValueError:

@@ -33,6 +33,7 @@ from paravt.rewards.structural import (
 )
 from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
+from paravt.rl.microbatch import MicroWeights, max_response_tokens, split_weights
 from paravt.rl.objective import (
     AdvantageConfig,
     advantage_metrics,
@@ -69,6 +70,9 @@ class AlgorithmConfig:
     clip_high: float = 0.2
     iw_cap: float | None = 5.0
     aggregation: str = "token_mean"
+    # Dr.GRPO's constant divisor (seq_mean_token_sum_norm); None: the maximum response length,
+    # rollout.agent.max_new_tokens x (max_rounds + 1).
+    norm_length: int | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k1"
     kl_in_reward: bool = True
@@ -99,6 +103,9 @@ class GRPOModule(pl.LightningModule):
         self.spec, self.rollout_cfg, self.algo = model, rollout, algorithm
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
+        self.norm_length = algorithm.norm_length or max_response_tokens(
+            rollout.agent.max_new_tokens, rollout.agent.max_rounds
+        )
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
@@ -272,17 +279,21 @@ class GRPOModule(pl.LightningModule):
         return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
 
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
-        # Each micro-batch's loss is weighted by its share of the mini-batch's trained tokens,
-        # which makes the accumulated gradient that of one token-mean over the mini-batch.
+        # Each loss term of a micro-batch is weighted by its share of that term's divisor over
+        # the mini-batch (paravt.rl.microbatch), so the accumulated gradient is the mini-batch's
+        # whatever the cut; metrics are averaged by trained-token share.
         total = max(sum(t.num_trained_tokens for t, _, _ in items), 1)
-        for chunk in self._chunks([t for t, _, _ in items]):
+        chunks = self._chunks([t for t, _, _ in items])
+        rows = [(t.token_ids, t.loss_mask, f) for t, _, f in items]
+        plan = split_weights(rows, chunks, self.struct_ids, self.algo.aggregation)
+        for chunk, weights in zip(chunks, plan, strict=True):
             mb = [items[i] for i in chunk]
             weight = sum(t.num_trained_tokens for t, _, _ in mb) / total
-            metrics = self._micro_step(mb, [prox[i] for i in chunk], weight)
+            metrics = self._micro_step(mb, [prox[i] for i in chunk], weights)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
-    def _micro_step(self, mb, prox, weight: float) -> dict[str, float]:
+    def _micro_step(self, mb, prox, weights: MicroWeights) -> dict[str, float]:
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
         logp, batch, logits = self._logp(self.policy, trajs, logits=True)
@@ -302,8 +313,10 @@ class GRPOModule(pl.LightningModule):
             self.algo.clip_high,
             iw_cap=self.algo.iw_cap,
             agg=self.algo.aggregation,
+            norm_length=self.norm_length,
             entropy=entropy,
         )
+        objective = weights.policy * loss
         metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
         gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
         metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
@@ -312,15 +325,15 @@ class GRPOModule(pl.LightningModule):
                 batch.input_ids.to(logp.device), mask, self.struct_ids, formed.to(logp.device)
             )
             anchor = structural_anchor_loss(logp, smask, self.anchor_coef)
-            loss = loss + anchor
+            objective = objective + weights.anchor * anchor
             metrics["loss/anchor"] = float(anchor.detach())
         if self.reference is not None and not self.algo.kl_in_reward:
             with torch.no_grad():
                 ref, _, _ = self._logp(self.reference, trajs)
             kl = kl_loss(logp, ref.to(logp.device), mask, self.algo.kl_estimator, self.algo.kl_coef)
-            loss = loss + kl
+            objective = objective + weights.kl * kl
             metrics["loss/kl"] = float(kl.detach())
-        self.manual_backward(loss * weight)
+        self.manual_backward(objective)
         return metrics
 
     def _record(self, step, trajs, rewards, samples, budgets) -> RolloutRecord:

@@ -98,6 +98,23 @@ def token_f1(prediction: str, gold: str) -> float:
 # Requiring this is what keeps "The answer is A person ..." from reading as option A.
 _LETTER_END = r"(?=\s*\Z|\s*[.,:;!?)\]*\n\"'-]|\s+(?:because|since|as|which|for|given)\b)"
 _OPTION_PREFIX_RE = re.compile(r"^\s*[(\[]?[A-Za-z]\s*[.):\]]\s+")
+_WHITESPACE_RUN_RE = re.compile(r"\s+")
+
+
+def _squash_one(run: re.Match[str]) -> str:
+    return "\n" if "\n" in run.group() else " "
+
+
+def squash_whitespace(text: str) -> str:
+    """Every whitespace run as ONE character: a newline if the run holds one, else a space.
+
+    Linear time, and it keeps the meaning of every pattern here (`\\s*`, `\\s+`, `\\b`, a
+    newline after a letter). It is what keeps the letter and interval patterns linear: a run of
+    whitespace between optional groups (`answer\\s*(is)?\\s*(option)?\\s*B`) makes a
+    backtracking regex engine try every split of the run, cubic in its length, and after this
+    every run is one character long.
+    """
+    return _WHITESPACE_RUN_RE.sub(_squash_one, text)
 
 
 @lru_cache(maxsize=64)
@@ -144,7 +161,10 @@ def _letter_by_option_text(text: str, letters: str, options: Sequence[str]) -> s
     answer = normalize_text(text)
     if not answer:
         return None
-    normed = [normalize_text(_OPTION_PREFIX_RE.sub("", opt)) for opt in options[: len(letters)]]
+    normed = [
+        normalize_text(_OPTION_PREFIX_RE.sub("", squash_whitespace(opt)))
+        for opt in options[: len(letters)]
+    ]
     for letter, opt in zip(letters, normed, strict=False):
         if opt and opt == answer:
             return letter
@@ -168,6 +188,7 @@ def extract_option_letter(
     letters = "".join(ch for ch in letters.upper() if ch.isalpha() and ch.isascii())
     if not letters or not text.strip():
         return None
+    text = squash_whitespace(text)
     bare, leading, phrase, is_correct = _letter_patterns(letters)
     for pattern in (bare, leading):
         found = pattern.search(text)
@@ -226,7 +247,7 @@ def parse_interval(text: str) -> tuple[float, float] | None:
     "between 12 and 20", "00:12-00:20" (MM:SS) and "0:01:05 - 0:01:10" (HH:MM:SS). A reversed
     interval is swapped; a non-finite number (a 400-digit string) yields None.
     """
-    found = _INTERVAL_RE.search(text)
+    found = _INTERVAL_RE.search(squash_whitespace(text))
     if found is None:
         return None
     groups = [g for g in found.groups() if g is not None]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
-from paravt.rewards.format import FormatTerms, format_reward, is_degenerate
+from paravt.rewards.format import FORMULAS, FormatTerms, format_reward, is_degenerate
 from paravt.rewards.tool import tool_reward
 from paravt.types import RewardBreakdown, Sample, Trajectory
 
@@ -32,10 +32,10 @@ class RewardWeights:
     format_weight: float = 1.0  # w_fmt on R_fmt
     tool_weight: float = 1.0  # w_tool on R_tool
     anchor_weight: float = 0.5  # lambda_anchor on the string-level anchor bonus inside R_fmt
-    think: float = 1.0  # weights of the four base format credits (their weighted mean)
-    answer: float = 1.0
-    order: float = 1.0
-    balance: float = 1.0
+    think: float = 0.25  # fixed weights of the four format credits (format.py)
+    answer: float = 0.25
+    order: float = 0.25
+    balance: float = 0.25
     closed_think_bonus: float = 0.4
     flow_bonus: float = 0.3
     unclosed_think_penalty: float = 0.3
@@ -43,9 +43,18 @@ class RewardWeights:
     call_reward: float = 0.1
     response_reward: float = 0.3
     correct_bonus: float = 0.5
+    # "reference": R_fmt in [0, 1] as in the recipe; "mean": paravt's first, unclipped formula.
+    format_formula: str = "reference"
 
     def __post_init__(self) -> None:
+        if self.format_formula not in FORMULAS:
+            raise ValueError(
+                f"RewardWeights.format_formula must be one of {', '.join(FORMULAS)}, "
+                f"got {self.format_formula!r}"
+            )
         for f in fields(self):
+            if f.name == "format_formula":
+                continue
             value = getattr(self, f.name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"RewardWeights.{f.name} must be a finite number, got {value!r}")
@@ -80,6 +89,7 @@ def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
         flow_bonus=w.flow_bonus,
         unclosed_think_penalty=w.unclosed_think_penalty,
         min_think_chars=w.min_think_chars,
+        formula=w.format_formula,
     )
 
 

@@ -3,9 +3,10 @@
 PARAVT.md section 3. `format_reward` reads the WHOLE trajectory's own text (every turn, the
 forced `<think>\\n` prefix included) and returns every term in a frozen `FormatTerms`:
 
-    base   = weighted mean of four 0/1-valued credits (weights default 1 each), in [0, 1]:
+    credits (0/1-valued, except balance):
              think   - some think block holds >= min_think_chars non-blank characters
-                       (an unclosed block counts up to the next tag);
+                       (an unclosed block counts up to the next tag: the spec credits a
+                       substantive think, and the anchor's closed_think a closed one);
              answer  - the last closed `<answer>...</answer>` is non-empty;
              order   - a closed think ends before the first action: the first `<tool_call>`, or
                        the first `<answer>` when no tool is called (no action: 0);
@@ -14,9 +15,23 @@ forced `<think>\\n` prefix included) and returns every term in a frozen `FormatT
     anchor = + closed_think_bonus      (0.4) if some think is closed and substantive
              + flow_bonus              (0.3) if a closed think precedes a credited answer
              - unclosed_think_penalty  (0.3) if some `<think>` is opened and never closed
-    total  = base + anchor_weight * anchor   (anchor_weight = lambda_anchor, 0.5 in the recipe)
 
-So total lies in [-anchor_weight * 0.3, 1 + anchor_weight * 0.7] with the defaults.
+Two formulas combine them (`formula=`, registry `FORMULAS`):
+
+    "reference" (default; the reference recipe, R_fmt in [0, 1] as in the paper):
+        base  = sum of weight * credit, FIXED credit weights 0.25 each (a perfect text earns 1)
+        total = clip(base + anchor_weight * anchor, 0, 1)        (anchor_weight = 0.5)
+        (the reference release clips at 1 only; the lower clip changes one case, an unclosed
+        think with no other credit, -0.15 -> 0, and keeps R_fmt in [0, 1] as the paper has it)
+    "mean" (paravt's first formula, kept for old runs): base = the weighted MEAN of the credits
+        (weights relative), total = base + anchor_weight * anchor, unclipped, so it spans
+        [-0.15, 1.35] with the defaults.
+
+Reference scores this reproduces (tests/rewards/test_format.py): no think 0.5, an unclosed
+think (the forced `<think>` prefix, then the answer) 0.225, an answer outside the tags 0.7, a
+too-short think 0.9, only tool calls 0.95, a full think -> answer 1.0 (1.35 before the clip).
+The clip is what makes f_tau, the mean R_fmt of the training rollouts, comparable with the
+paper's figures (0.13 -> 0.64).
 
 This module deliberately does not touch tokens or log-probabilities: the token-level anchor of
 section 4(i) lives in `structural.py`. It does not parse tool-call JSON either: a `<tool_call>`
@@ -28,6 +43,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 _TAG_RE = re.compile(r"<(/?)(think|tool_call|answer)>")
@@ -142,20 +158,51 @@ def _indicators(text: str, min_think_chars: int) -> dict[str, float]:
     }
 
 
+def _reference_total(
+    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float
+) -> tuple[float, float]:
+    """Reference recipe: fixed-weight sum of the credits plus the anchor term, clipped to [0, 1]."""
+    base = sum(w * credits[name] for name, w in weights.items())
+    return base, min(1.0, max(0.0, base + anchor))
+
+
+def _mean_total(
+    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float
+) -> tuple[float, float]:
+    """paravt's first formula: weighted mean of the credits plus the anchor term, unclipped."""
+    weight_sum = sum(weights.values())
+    base = sum(w * credits[name] for name, w in weights.items()) / weight_sum if weight_sum else 0.0
+    return base, base + anchor
+
+
+FORMULAS: dict[
+    str, Callable[[Mapping[str, float], Mapping[str, float], float], tuple[float, float]]
+] = {
+    "reference": _reference_total,
+    "mean": _mean_total,
+}
+
+
 def format_reward(
     text: str,
     *,
-    think_weight: float = 1.0,
-    answer_weight: float = 1.0,
-    order_weight: float = 1.0,
-    balance_weight: float = 1.0,
+    think_weight: float = 0.25,
+    answer_weight: float = 0.25,
+    order_weight: float = 0.25,
+    balance_weight: float = 0.25,
     anchor_weight: float = 0.5,
     closed_think_bonus: float = 0.4,
     flow_bonus: float = 0.3,
     unclosed_think_penalty: float = 0.3,
     min_think_chars: int = 10,
+    formula: str = "reference",
 ) -> FormatTerms:
     """R_fmt of a whole trajectory's text, every term included (see the module docstring)."""
+    if formula not in FORMULAS:
+        raise ValueError(
+            f"unknown format formula {formula!r}; choose one of: {', '.join(FORMULAS)} "
+            "(reward.format_formula)"
+        )
     weights = {
         "think": think_weight,
         "answer": answer_weight,
@@ -170,14 +217,13 @@ def format_reward(
         unclosed_think_penalty=unclosed_think_penalty,
     )
     ind = _indicators(text, min_think_chars)
-    weight_sum = sum(weights.values())
-    base = sum(w * ind[name] for name, w in weights.items()) / weight_sum if weight_sum else 0.0
     anchor = (
         closed_think_bonus * ind["closed_think"]
         + flow_bonus * ind["flow"]
         - unclosed_think_penalty * ind["unclosed_think"]
     )
-    return FormatTerms(**ind, base=base, anchor=anchor, total=base + anchor_weight * anchor)
+    base, total = FORMULAS[formula](ind, weights, anchor_weight * anchor)
+    return FormatTerms(**ind, base=base, anchor=anchor, total=total)
 
 
 # ------------------------------------------------------------------ degenerate completions

@@ -19,7 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-AdvantageFn = Callable[[Tensor], Tensor]
+AdvantageFn = Callable[..., Tensor]
+"""fn(rewards [B, G], *, unbiased: bool) -> advantages [B, G]."""
 
 
 def _check_groups(rewards: Tensor) -> None:
@@ -56,16 +57,19 @@ def informative_group_indices(rewards: Tensor) -> Tensor:  # [B, G] -> [B'] long
 def grpo_advantages(
     rewards: Tensor,  # [B, G]
     eps: float = 1e-6,
-    unbiased: bool = False,
+    unbiased: bool = True,
 ) -> Tensor:  # [B, G]
     """GRPO (Shao et al. 2024, DeepSeekMath): (R - group mean) / (group std + eps).
 
-    The std is the biased (population) one by default: it is the spread of the G rollouts we
-    actually have, it is defined for G = 1, and it keeps |A| <= sqrt(G - 1). `unbiased=True`
-    (Bessel's correction, as torch.std and some GRPO code bases use) scales every advantage of a
-    group by sqrt((G - 1) / G) relative to the default. Groups with all-equal rewards get exactly
-    0, not centred float noise divided by eps. Computed in float64 so that large finite rewards
-    do not overflow the mean or the variance.
+    The std is the unbiased (Bessel-corrected, G - 1) one by default, as in verl
+    (`torch.std`), TRL and the DeepSeekMath recipe, so advantages equal those frameworks' to the
+    last digit and published hyper-parameters (clip ranges, KL coefficients) transfer.
+    `unbiased=False` takes the population std instead: the spread of the G rollouts we actually
+    have, which keeps |A| <= sqrt(G - 1); it scales every advantage of a group by
+    sqrt(G / (G - 1)) relative to the default. G = 1 has no unbiased std and falls back to the
+    population one (its advantage is 0 either way). Groups with all-equal rewards get exactly 0,
+    not centred float noise divided by eps. Computed in float64 so that large finite rewards do
+    not overflow the mean or the variance.
     """
     _check_groups(rewards)
     r = rewards.double()
@@ -78,8 +82,11 @@ def grpo_advantages(
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
-def drgrpo_advantages(rewards: Tensor) -> Tensor:  # [B, G] -> [B, G]
-    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): R - group mean, no std."""
+def drgrpo_advantages(rewards: Tensor, unbiased: bool = True) -> Tensor:  # [B, G] -> [B, G]
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): R - group mean, no std.
+
+    `unbiased` is accepted so every estimator shares one signature; there is no std to correct.
+    """
     _check_groups(rewards)
     r = rewards.double()
     adv = r - r.mean(dim=1, keepdim=True)

@@ -49,12 +49,18 @@ def seq_mean_token_mean(x: Tensor, mask: Tensor, norm_length: int | None = None)
 
 
 def seq_mean_token_sum_norm(x: Tensor, mask: Tensor, norm_length: int | None = None) -> Tensor:
-    """Dr.GRPO (Liu et al. 2025): token sum / a constant length L (default T), mean over N."""
+    """Dr.GRPO (Liu et al. 2025): token sum / a constant length L, mean over non-empty rows.
+
+    L must be a constant (the trainer passes the maximum response length); the default T, the
+    padded length of this batch, is a convenience for one-piece calls only: it moves with the
+    micro-batch cut. Rows without trained tokens are left out of the mean, as in the two other
+    aggregations and verl.
+    """
     length = mask.shape[-1] if norm_length is None else norm_length
     if length < 1:
         raise ValueError(f"norm_length must be >= 1 (e.g. the max response length), got {length}")
     per_seq = torch.where(mask.bool(), x, 0.0).sum(dim=-1) / length
-    return per_seq.sum() / max(per_seq.numel(), 1)
+    return masked_mean(per_seq, mask.bool().any(dim=-1))
 
 
 AGGREGATIONS: dict[str, Aggregation] = {

@@ -21,9 +21,13 @@ Values = Sequence[float] | Sequence[int] | Tensor
 
 
 def format_compliance(reward: RewardBreakdown) -> float:
-    """The per-rollout value f_tau averages: R_fmt's base credit in [0, 1], without the anchor
-    bonus (so figures compare with the paper's 0.03-0.85); `reward.format` when not itemised."""
-    return float(reward.components.get("format/base", reward.format))
+    """The per-rollout value f_tau averages: R_fmt itself, anchor bonus included, in [0, 1].
+
+    With the reference formula (`paravt.rewards.format`) R_fmt already lies in [0, 1], as the
+    paper's does, so f_tau compares with its 0.03-0.85; the legacy "mean" formula can leave
+    [0, 1] and is clipped here to stay comparable.
+    """
+    return min(1.0, max(0.0, float(reward.format)))
 
 
 def _as_flat(values: Values) -> Tensor:  # [N] float64

@@ -33,6 +33,8 @@ class AdvantageConfig:
     shaping_clip: float = 20.0
     batch_norm: bool = False
     drop_zero_variance: bool = False
+    # Group std with Bessel's correction (G - 1), as verl and TRL: see grpo_advantages.
+    unbiased_std: bool = True
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def compute_advantages(
     r = rewards.double()
     if cfg.shaping:
         r = shape_rewards(r, cfg.shaping_scale, cfg.shaping_shift, cfg.shaping_clip)
-    adv = get_advantage_fn(cfg.estimator)(r)  # [B, G]
+    adv = get_advantage_fn(cfg.estimator)(r, unbiased=cfg.unbiased_std)  # [B, G]
     zero = zero_variance_groups(r)
     keep = torch.ones_like(adv, dtype=torch.bool)
     if cfg.drop_zero_variance:

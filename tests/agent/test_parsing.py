@@ -242,9 +242,13 @@ def test_has_tool_call_syntax() -> None:
 def test_strip_tool_blocks_removes_blocks_and_stray_closing_tags() -> None:
     assert strip_tool_blocks("A" + call_block(1, 2) + "B</tool_call>C") == "ABC"
     assert strip_tool_blocks("answer: B <tool_code>crop_video(1, 2") == "answer: B "
-    # pass 1 drops both stray closers, joining "<tool_" + "call>" into an opening tag;
-    # pass 2 drops the now-unclosed block "<tool_call>xy" to the end of the text.
-    assert strip_tool_blocks("<tool_</tool_call>call>x</tool_call>y") == ""
+    # The stray closer is dropped, joining "<tool_" + "call>" into an opening tag; that block
+    # is closed by the next closer, and what follows it is kept.
+    assert strip_tool_blocks("<tool_</tool_call>call>x</tool_call>y") == "y"
+    # Nested joins, one layer per tag: the old fixpoint loop took one full pass per layer.
+    layers = 50
+    nested = "</tool_" * layers + "</tool_call>" + "call>" * layers + "kept"
+    assert strip_tool_blocks(nested) == "kept"
 
 
 # --- properties -----------------------------------------------------------------------------
@@ -309,3 +313,39 @@ def test_well_formed_calls_round_trip(
         arguments = json.dumps({start_key: start, end_key: end})
         text = f'<tool_call>{{"name": "crop_video", "arguments": {arguments}}}</tool_call>'
     assert only_call(text).arguments == {"start_time": start, "end_time": end}
+
+
+def _find_blocks_rescan(text: str) -> list[tuple[int, int, str]]:
+    """The readable (quadratic) form: search for the next closing and opening after each tag."""
+    blocks, pos = [], 0
+    while (opening := _OPENING.search(text, pos)) is not None:
+        body = opening.end()
+        closing = re.compile(r"</tool_call>|</tool_code>").search(text, body)
+        following = _OPENING.search(text, body)
+        if following is not None and (closing is None or following.start() < closing.start()):
+            blocks.append((opening.start(), following.start(), text[body : following.start()]))
+            pos = following.start()
+        elif closing is None:
+            blocks.append((opening.start(), len(text), text[body:]))
+            break
+        else:
+            blocks.append((opening.start(), closing.end(), text[body : closing.start()]))
+            pos = closing.end()
+    return blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40))
+def test_linear_find_blocks_matches_the_rescan_form(parts: list[str]) -> None:
+    from paravt.agent.parsing import _find_blocks
+
+    text = "".join(parts)
+    assert [(b.start, b.end, b.body) for b in _find_blocks(text)] == _find_blocks_rescan(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40))
+def test_strip_tool_blocks_leaves_no_tool_syntax(parts: list[str]) -> None:
+    out = strip_tool_blocks("".join(parts))
+    assert not has_tool_call_syntax(out)
+    assert "</tool_call>" not in out and "</tool_code>" not in out

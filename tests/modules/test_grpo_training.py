@@ -70,7 +70,7 @@ def test_every_experiment_composes_and_instantiates(name, tmp_path):
         assert instantiate(cfg[group]) is not None, group
     assert callable(instantiate(cfg.optimizer))
     names = [type(c).__name__ for c in build_callbacks(cfg)]
-    assert "ModelCheckpoint" in names
+    assert "ResumableModelCheckpoint" in names
     if cfg.trainer.accelerator == "cpu":
         instantiate(cfg.trainer)
     else:

@@ -22,19 +22,23 @@ TOOL = (
 def test_correct_tool_using_trajectory() -> None:
     r = compute_reward(TOOL, "B", "mcq", num_valid_calls=1, num_tool_responses=1)
     assert isinstance(r, RewardBreakdown)
-    # R_acc 1; R_fmt = 1 + 0.5 * 0.7 = 1.35; R_tool = 0.3 + 0.5 = 0.8; R = 1 + 1.35 + 0.8
-    assert (r.accuracy, r.format, r.tool) == pytest.approx((1.0, 1.35, 0.8))
-    assert r.total == pytest.approx(3.15)
+    # R_acc 1; R_fmt = clip(1 + 0.5 * 0.7) = 1; R_tool = 0.3 + 0.5 = 0.8; R = 1 + 1 + 0.8
+    assert (r.accuracy, r.format, r.tool) == pytest.approx((1.0, 1.0, 0.8))
+    assert r.total == pytest.approx(2.8)
     assert not r.degenerate
-    assert r.components["total"] == pytest.approx(3.15)
+    assert r.components["total"] == pytest.approx(2.8)
     assert r.components["format/anchor"] == pytest.approx(0.7)
     assert r.components["degenerate"] == 0.0
 
 
 def test_wrong_tool_free_trajectory() -> None:
     r = compute_reward(GOOD, "C", "mcq")
-    # R_acc 0; R_fmt 1.35; R_tool 0 -> 1.35
-    assert r.total == pytest.approx(1.35)
+    # R_acc 0; R_fmt 1 (clipped from 1.35); R_tool 0 -> 1
+    assert r.total == pytest.approx(1.0)
+    legacy = compute_reward(GOOD, "C", "mcq", weights=RewardWeights(format_formula="mean"))
+    assert legacy.total == pytest.approx(1.35)
+    with pytest.raises(ValueError, match="format_formula must be one of reference, mean"):
+        RewardWeights(format_formula="clipped")
 
 
 def test_weights_scale_each_term() -> None:
@@ -47,10 +51,10 @@ def test_weights_scale_each_term() -> None:
     assert r.tool == pytest.approx(0.25)
 
 
-def test_weights_are_plain_frozen_numbers() -> None:
+def test_weights_are_plain_frozen_values() -> None:
     weights = RewardWeights()
     assert all(
-        isinstance(getattr(weights, f.name), (int, float)) for f in dataclasses.fields(weights)
+        isinstance(getattr(weights, f.name), (int, float, str)) for f in dataclasses.fields(weights)
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         weights.format_weight = 2.0  # type: ignore[misc]
@@ -82,9 +86,9 @@ def test_forced_prefix_is_part_of_the_text() -> None:
     # (PARAVT.md section 9.2) would leave a stray </think> and lose it.
     own_text = "<think>\nThe red square is at 12 s.</think><answer>B</answer>"
     dropped = own_text.removeprefix("<think>\n")
-    assert compute_reward(own_text, "B", "mcq").format == pytest.approx(1.35)
+    assert compute_reward(own_text, "B", "mcq").format == pytest.approx(1.0)
     # dropped: think 0 (stray closer, no block), answer 1, order 0, balance 1/2 (stray
-    # </think>) -> base (0 + 1 + 0 + 0.5) / 4 = 0.375; anchor 0
+    # </think>) -> base 0.25 * (0 + 1 + 0 + 0.5) = 0.375; anchor 0
     assert compute_reward(dropped, "B", "mcq").format == pytest.approx(0.375)
 
 
@@ -104,8 +108,8 @@ def test_user_rewards_get_the_input_and_their_weight() -> None:
         extra={"length": (length_penalty, 2.0)},
         sample_id="s1",
     )
-    # R = 1 + 1.35 + 0 + 2 * (-len/1000)
-    assert r.total == pytest.approx(2.35 - 2 * len(GOOD) / 1000)
+    # R = 1 + 1 + 0 + 2 * (-len/1000)
+    assert r.total == pytest.approx(2.0 - 2 * len(GOOD) / 1000)
     assert r.components["extra/length"] == pytest.approx(-len(GOOD) / 1000)
     assert seen == [RewardInput(GOOD, "B", "mcq", ("red", "blue"), 0, 0, "s1")]
 
@@ -186,5 +190,6 @@ def test_never_raises_never_nan(
     )
     assert math.isfinite(r.total)
     assert all(math.isfinite(v) for v in r.components.values())
-    # Bounds with the default weights: R_acc in [0, 1], R_fmt in [-0.15, 1.35], R_tool in [0, 0.8]
-    assert -0.15 - 1e-9 <= r.total <= 3.15 + 1e-9
+    # Bounds with the default weights: R_acc in [0, 1], R_fmt in [0, 1], R_tool in [0, 0.8]
+    assert 0.0 <= r.format <= 1.0
+    assert -1e-9 <= r.total <= 2.8 + 1e-9

@@ -22,13 +22,41 @@ def test_perfect_single_turn() -> None:
     assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 1.0, 1.0)
     assert terms.base == 1.0
     assert (terms.closed_think, terms.flow, terms.unclosed_think) == (1.0, 1.0, 0.0)
-    # anchor = 0.4 + 0.3 = 0.7; total = 1 + 0.5 * 0.7 = 1.35
+    # anchor = 0.4 + 0.3 = 0.7; total = clip(1 + 0.5 * 0.7 = 1.35) = 1.0
     assert terms.anchor == pytest.approx(0.7)
-    assert terms.total == pytest.approx(1.35)
+    assert terms.total == 1.0
+    assert format_reward(GOOD, formula="mean").total == pytest.approx(1.35)
+
+
+THOUGHT = "I compare the overview frames and the crop."
+REFERENCE_SCORES = {
+    # The reference recipe's R_fmt of typical completions (issue 12). Hand computation with
+    # credit weights 0.25, anchor weight 0.5, clip to [0, 1]:
+    "no think": ("<answer>B</answer>", 0.5),  # answer + balance = 0.5
+    # the forced prefix left open, then the answer: answer 0.25 + balance 0.5 * 0.25
+    # - 0.5 * 0.3 = 0.225
+    "unclosed think": ("<think>\n<answer>B</answer>", 0.225),
+    # think + balance 0.5, + 0.5 * 0.4 closed substantive think = 0.7
+    "answer outside tags": (f"<think>\n{THOUGHT}</think>\nThe answer is B.", 0.7),
+    # answer + order + balance 0.75, + 0.5 * 0.3 flow = 0.9
+    "too-short think": ("<think>\nok</think>\n<answer>B</answer>", 0.9),
+    # think + order + balance 0.75, + 0.5 * 0.4 = 0.95
+    "only tool calls": (
+        f'<think>\n{THOUGHT}</think>\n<tool_call>{{"name": "crop_video"}}</tool_call>',
+        0.95,
+    ),
+    "full": (GOOD, 1.0),  # 1 + 0.5 * 0.7 = 1.35, clipped
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE_SCORES))
+def test_reference_recipe_scores(case: str) -> None:
+    text, expected = REFERENCE_SCORES[case]
+    assert format_reward(text).total == pytest.approx(expected)
 
 
 def test_perfect_multi_turn_with_parallel_calls() -> None:
-    assert format_reward(TOOL).total == pytest.approx(1.35)
+    assert format_reward(TOOL).total == 1.0
 
 
 def test_tool_call_before_any_think_loses_order() -> None:
@@ -37,25 +65,28 @@ def test_tool_call_before_any_think_loses_order() -> None:
     assert terms.order == 0.0
     # think 1, answer 1, order 0, balance 1 -> base 3/4; anchor 0.4 + 0.3 (think precedes answer)
     assert terms.base == pytest.approx(0.75)
-    assert terms.total == pytest.approx(0.75 + 0.5 * 0.7)
+    assert terms.total == 1.0  # clip(0.75 + 0.5 * 0.7 = 1.1)
 
 
 def test_unclosed_think_penalty() -> None:
     terms = format_reward("<think>\nI keep thinking forever <answer>B</answer>")
     # think content runs to the next tag: "I keep thinking forever" >= 10 chars -> think 1;
     # answer 1; order 0 (no closed think before the answer); balance: think unbalanced,
-    # answer balanced -> 1/2. base = (1 + 1 + 0 + 0.5) / 4 = 0.625
+    # answer balanced -> 1/2. base = 0.25 * (1 + 1 + 0 + 0.5) = 0.625
     assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 0.0, 0.5)
     assert terms.base == pytest.approx(0.625)
     # anchor = -0.3 (no closed think, no flow); total = 0.625 - 0.15 = 0.475
     assert (terms.closed_think, terms.flow, terms.unclosed_think) == (0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.475)
+    # The penalty alone would go below 0: clipped, R_fmt stays in [0, 1].
+    assert format_reward("<think>\nhm").total == 0.0
+    assert format_reward("<think>\nhm", formula="mean").total == pytest.approx(-0.15)
 
 
 def test_short_think_is_not_substantive() -> None:
     terms = format_reward("<think>\nok</think><answer>B</answer>")
     # "ok" < 10 chars: think 0, closed_think 0; flow still 1 (closed think precedes answer)
-    # base = (0 + 1 + 1 + 1) / 4 = 0.75; anchor 0.3; total = 0.75 + 0.15 = 0.9
+    # base = 0.25 * (0 + 1 + 1 + 1) = 0.75; anchor 0.3; total = 0.75 + 0.15 = 0.9
     assert (terms.think, terms.closed_think, terms.flow) == (0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.9)
     # exactly 10 characters counts (the boundary is >=)
@@ -72,7 +103,7 @@ def test_drifted_tool_code_and_missing_closers() -> None:
     text = "<think>\nLet me crop the video.</think>\n<tool_code>crop_video(1, 2)</tool_code>"
     terms = format_reward(text)
     # <tool_code> is not a tool call and there is no answer: no action -> order 0;
-    # think 1, answer 0, balance 1 (only think present, balanced) -> base 2/4 = 0.5
+    # think 1, answer 0, balance 1 (only think present, balanced) -> base 0.25 * 2 = 0.5
     assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.5 + 0.5 * 0.4)
     unclosed_call = format_reward("<think>\nLet me crop it.</think><tool_call>{")
@@ -92,16 +123,31 @@ def test_balance_details() -> None:
 def test_weights_are_parameters() -> None:
     terms = format_reward(
         "<think>\nok</think><answer>B</answer>",
+        think_weight=0.5,
+        answer_weight=0.25,
+        order_weight=0.0,
+        balance_weight=0.25,
+        anchor_weight=1.0,
+        flow_bonus=0.25,
+    )
+    # base = 0.5*0 + 0.25*1 + 0*1 + 0.25*1 = 0.5; anchor = 0.25 (flow only); total = 0.75
+    assert terms.base == pytest.approx(0.5)
+    assert terms.total == pytest.approx(0.75)
+    # The "mean" formula normalises the weights: (0.25 + 0.25) / 1.0 = 0.5, + 0.25 unclipped.
+    legacy = format_reward(
+        "<think>\nok</think><answer>B</answer>",
         think_weight=2.0,
         answer_weight=1.0,
         order_weight=0.0,
         balance_weight=1.0,
         anchor_weight=1.0,
         flow_bonus=0.5,
+        formula="mean",
     )
     # base = (2*0 + 1*1 + 0*1 + 1*1) / 4 = 0.5; anchor = 0.5 (flow only); total = 0.5 + 1*0.5
-    assert terms.base == pytest.approx(0.5)
-    assert terms.total == pytest.approx(1.0)
+    assert (legacy.base, legacy.total) == pytest.approx((0.5, 1.0))
+    with pytest.raises(ValueError, match="unknown format formula 'sum'"):
+        format_reward(GOOD, formula="sum")
     zero = format_reward(GOOD, think_weight=0, answer_weight=0, order_weight=0, balance_weight=0)
     assert zero.base == 0.0
     with pytest.raises(ValueError, match="order_weight must be a finite number >= 0"):
@@ -112,7 +158,7 @@ def test_weights_are_parameters() -> None:
 
 def test_as_dict_has_every_term() -> None:
     d = format_reward(GOOD).as_dict()
-    assert d["format/total"] == pytest.approx(1.35)
+    assert d["format/total"] == 1.0
     assert len(d) == len(FormatTerms.__dataclass_fields__) == 10
 
 
@@ -178,6 +224,8 @@ def test_format_reward_is_total_and_bounded(text: str) -> None:
     values = list(terms.as_dict().values())
     assert all(math.isfinite(v) for v in values)
     assert 0.0 <= terms.base <= 1.0
-    # total in [-0.5 * 0.3, 1 + 0.5 * 0.7]
-    assert -0.15 - 1e-9 <= terms.total <= 1.35 + 1e-9
+    assert 0.0 <= terms.total <= 1.0  # R_fmt in [0, 1], as in the paper
+    legacy = format_reward(text, formula="mean")
+    # the legacy total lies in [-0.5 * 0.3, 1 + 0.5 * 0.7]
+    assert -0.15 - 1e-9 <= legacy.total <= 1.35 + 1e-9
     assert isinstance(is_degenerate(text), bool)

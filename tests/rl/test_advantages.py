@@ -25,11 +25,14 @@ from paravt.rl.advantages import (
 # ---- readable loop references ------------------------------------------------------------
 
 
-def grpo_advantages_loop(rewards: list[list[float]], eps: float = 1e-6) -> list[list[float]]:
+def grpo_advantages_loop(
+    rewards: list[list[float]], eps: float = 1e-6, unbiased: bool = True
+) -> list[list[float]]:
     out = []
     for group in rewards:
         mean = sum(group) / len(group)
-        std = math.sqrt(sum((r - mean) ** 2 for r in group) / len(group))
+        dof = len(group) - 1 if unbiased and len(group) > 1 else len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / dof)
         if max(group) == min(group):
             out.append([0.0] * len(group))
         else:
@@ -62,7 +65,7 @@ def test_grpo_hand_computed() -> None:
     # group [3, 1, 2, 2]: mean 2, var (1 + 1 + 0 + 0) / 4 = 0.5, std 0.7071
     #   -> [1 / 0.7071, -1 / 0.7071, 0, 0] = [1.4142, -1.4142, 0, 0]
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
-    adv = grpo_advantages(r, eps=0.0)
+    adv = grpo_advantages(r, eps=0.0, unbiased=False)
     expected = torch.tensor([[1.0, -1.0, -1.0, 1.0], [math.sqrt(2), -math.sqrt(2), 0.0, 0.0]])
     torch.testing.assert_close(adv, expected)
 
@@ -70,11 +73,26 @@ def test_grpo_hand_computed() -> None:
 def test_grpo_unbiased_std_scales_by_bessel() -> None:
     # [1, 0]: mean 0.5; biased std 0.5 -> +-1; unbiased std sqrt(0.5 / 1) = 0.7071 -> +-0.7071
     r = torch.tensor([[1.0, 0.0]])
-    torch.testing.assert_close(grpo_advantages(r, eps=0.0), torch.tensor([[1.0, -1.0]]))
+    biased = grpo_advantages(r, eps=0.0, unbiased=False)
+    torch.testing.assert_close(biased, torch.tensor([[1.0, -1.0]]))
     half = 1 / math.sqrt(2)
-    torch.testing.assert_close(
-        grpo_advantages(r, eps=0.0, unbiased=True), torch.tensor([[half, -half]])
-    )
+    # the default is the unbiased std (verl, TRL)
+    torch.testing.assert_close(grpo_advantages(r, eps=0.0), torch.tensor([[half, -half]]))
+
+
+def test_compute_advantages_defaults_to_the_unbiased_std_and_has_a_switch() -> None:
+    from paravt.rl.objective import AdvantageConfig, compute_advantages
+
+    # group [1, 0, 0, 0]: mean 0.25, squared deviations 0.5625 + 3 * 0.0625 = 0.75
+    #   unbiased std sqrt(0.75 / 3) = 0.5       -> [1.5, -0.5, -0.5, -0.5]   (verl's value)
+    #   biased std   sqrt(0.75 / 4) = 0.4330    -> [1.7321, -0.5774, ...]
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    got = compute_advantages(r, AdvantageConfig()).values
+    torch.testing.assert_close(got, torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5, rtol=0)
+    biased = compute_advantages(r, AdvantageConfig(unbiased_std=False)).values
+    third = 1 / math.sqrt(3)
+    expected = torch.tensor([3 * third, -third, -third, -third])
+    torch.testing.assert_close(biased, expected, atol=1e-5, rtol=0)
 
 
 def test_drgrpo_hand_computed() -> None:
@@ -190,8 +208,8 @@ def test_advantages_finite_for_finite_rewards(b: int, g: int, data: st.DataObjec
     values = data.draw(st.lists(finite, min_size=b * g, max_size=b * g))
     r = torch.tensor(values, dtype=torch.float32).reshape(b, g)
     for fn in ADVANTAGES.values():
-        assert torch.isfinite(fn(r)).all()
-    adv = grpo_advantages(r)
+        assert torch.isfinite(fn(r, unbiased=True)).all()
+    adv = grpo_advantages(r, unbiased=False)
     # the biased std bounds a GRPO advantage by sqrt(G - 1)
     assert adv.abs().max() <= math.sqrt(max(g - 1, 0)) + 1e-3
     assert torch.isfinite(batch_normalize(adv.reshape(-1))).all()

@@ -71,11 +71,22 @@ def test_aggregations_hand_computed() -> None:
     assert token_mean(X, M).item() == pytest.approx(2.5)
     # sequence means over non-empty rows: (6/3 + 4/1) / 2 = 3
     assert seq_mean_token_mean(X, M).item() == pytest.approx(3.0)
-    # Dr.GRPO with L = T = 3, mean over all N = 3 rows: (6/3 + 4/3 + 0) / 3 = 10/9
-    assert seq_mean_token_sum_norm(X, M).item() == pytest.approx(10 / 9)
-    # with L = 10: (0.6 + 0.4 + 0) / 3 = 1/3
-    assert seq_mean_token_sum_norm(X, M, 10).item() == pytest.approx(1 / 3)
+    # Dr.GRPO with L = T = 3, mean over the 2 NON-EMPTY rows (as the other modes and verl):
+    # (6/3 + 4/3) / 2 = 5/3
+    assert seq_mean_token_sum_norm(X, M).item() == pytest.approx(5 / 3)
+    # with L = 10: (0.6 + 0.4) / 2 = 1/2
+    assert seq_mean_token_sum_norm(X, M, 10).item() == pytest.approx(1 / 2)
     assert masked_mean(X, M, dim=-1).tolist() == [2.0, 4.0, 0.0]
+
+
+def test_an_empty_row_changes_no_aggregation() -> None:
+    # Appending a fully masked row (a rollout with no trained token) must not change any mode.
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    x_empty = torch.cat([x, torch.full((1, 3), 7.0)])
+    m_empty = torch.cat([m, torch.zeros(1, 3, dtype=m.dtype)])
+    for name, fn in AGGREGATIONS.items():
+        assert fn(x_empty, m_empty, 3).item() == pytest.approx(fn(x, m, 3).item()), name
 
 
 def test_aggregation_loops_on_random_input() -> None:

@@ -10,8 +10,9 @@ from paravt.rl.objective import AdvantageConfig, compute_advantages, split_even,
 def test_grpo_advantages_with_a_zero_variance_group_dropped():
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     adv = compute_advantages(rewards, AdvantageConfig(drop_zero_variance=True))
-    # Group 0: mean 0.5, biased std 0.5 -> (1-0.5)/0.5 = +1, -1. Group 1 has zero variance.
-    assert torch.allclose(adv.values, torch.tensor([1.0, -1.0, 0.0, 0.0]), atol=1e-5)
+    # Group 0: mean 0.5, unbiased std sqrt(0.5) -> 0.5 / 0.7071 = +-0.7071. Group 1: zero variance.
+    half = 0.5**0.5
+    assert torch.allclose(adv.values, torch.tensor([half, -half, 0.0, 0.0]), atol=1e-5)
     assert adv.keep.tolist() == [True, True, False, False]
     assert adv.zero_variance.tolist() == [False, True]
 

@@ -49,11 +49,17 @@ def test_per_budget_length_mismatch() -> None:
         per_budget([1.0, 2.0], [4, 8, 16])
 
 
-def test_format_compliance_excludes_the_anchor_bonus():
+def test_format_compliance_is_r_fmt_in_unit_interval():
+    from paravt.rewards.compose import RewardWeights, compute_reward
     from paravt.rl.metrics import format_compliance
     from paravt.types import RewardBreakdown
 
-    # R_fmt = base 0.75 + 0.5 * anchor 0.7 = 1.1; f_tau averages the base credit only.
-    itemised = RewardBreakdown(total=1.1, format=1.1, components={"format/base": 0.75})
-    assert format_compliance(itemised) == 0.75
+    good = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
+    # f_tau averages R_fmt itself, anchor included, clipped to [0, 1] (1 + 0.5 * 0.7 -> 1).
+    assert format_compliance(compute_reward(good, "B", "mcq")) == 1.0
+    legacy = compute_reward(good, "B", "mcq", weights=RewardWeights(format_formula="mean"))
+    assert legacy.format > 1.0 and format_compliance(legacy) == 1.0
+    # an answer outside the tags: think + balance 0.5, + 0.5 * 0.4 = 0.7
+    outside = compute_reward("<think>\nI compare the frames.</think> B", "B", "mcq")
+    assert format_compliance(outside) == pytest.approx(0.7)
     assert format_compliance(RewardBreakdown(total=0.4, format=0.4)) == 0.4

@@ -1,0 +1,90 @@
+"""Host memory over a long CPU run: resident set size (RSS) per training step, growth after warm-up.
+
+Runs the demo recipe (tiny local Qwen3-VL, synthetic needle videos, transformers engine, demo
+sizes: 2 prompts x 4 rollouts, 2 tool rounds, 160 new tokens per turn, a checkpoint every step)
+without its cold start for `--steps` steps, reads this process's RSS from /proc after every step
+and prints the RSS at the end of warm-up, at the end, and the growth between them. A leak (a list
+of rollouts kept per step, a growing cache) shows as growth that keeps rising with the number of
+steps; the goal is < 5% after warm-up.
+
+    python benchmarks/memory_rss.py [--steps 200] [--warmup 20] [--run-dir /tmp/rss]
+
+Linux only (/proc/self/statm). The vLLM engine is not measured here (GPU / its own venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import lightning.pytorch as pl
+from hydra import compose, initialize_config_dir
+
+from paravt.modules.build import build_run
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mib() -> float:
+    """This process's resident set size in MiB (current, not the peak)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+class RSSRecorder(pl.Callback):
+    """Appends (step, RSS MiB) after every training batch."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.samples.append((trainer.global_step, rss_mib()))
+
+
+def growth(samples: list[tuple[int, float]], warmup: int) -> tuple[float, float, float]:
+    """(RSS after warm-up, RSS at the end, growth in %) of the recorded samples."""
+    if len(samples) <= warmup:
+        raise ValueError(f"need more than --warmup={warmup} steps, recorded {len(samples)}")
+    start, end = samples[warmup - 1][1] if warmup else samples[0][1], samples[-1][1]
+    return start, end, 100.0 * (end - start) / start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--run-dir", type=Path, default=None)
+    args = parser.parse_args()
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="paravt-rss-"))
+    overrides = [
+        "experiment=demo",
+        "cold_start=null",
+        f"run_dir={run_dir}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.enable_progress_bar=false",
+        "callbacks.benchmark_validation=null",
+        "callbacks.rollout_logger.every_n_steps=10",
+    ]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    run = build_run(cfg)
+    recorder = RSSRecorder()
+    run.trainer.callbacks.append(recorder)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    start, end, pct = growth(recorder.samples, args.warmup)
+    peak = max(r for _, r in recorder.samples)
+    every = max(1, len(recorder.samples) // 10)
+    print("step  rss_mib")
+    for step, rss in recorder.samples[::every]:
+        print(f"{step:>4}  {rss:8.1f}")
+    print(
+        f"steps {len(recorder.samples)}  warm-up {args.warmup}  RSS after warm-up {start:.1f} MiB"
+        f"  at end {end:.1f} MiB  peak {peak:.1f} MiB  growth {pct:+.2f}%  (goal < 5%)"
+    )
+
+
+if __name__ == "__main__":
+    main()
