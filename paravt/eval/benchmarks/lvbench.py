@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from typing import Any
 
 from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     check_gold,
     get_field,
     mcq_prompt,
@@ -89,7 +91,8 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
 
 def load_lvbench(annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
     rows = take(flatten(read_rows(annotations)), limit)
-    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root)
+    return build_items(enumerate(rows), make, annotations, "LVBench")
 
 
 def lvbench() -> MultipleChoiceBenchmark:

@@ -24,6 +24,7 @@ from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     check_gold,
     get_field,
     mcq_prompt,
@@ -105,7 +106,8 @@ def load_videomme(
     annotations: str, video_root: str, limit: int | None = None, subtitle_root: str | None = None
 ) -> list[EvalItem]:
     rows = take(read_rows(annotations), limit)
-    return [_item(r, i, annotations, video_root, subtitle_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root, subs=subtitle_root)
+    return build_items(enumerate(rows), make, annotations, "Video-MME")
 
 
 def videomme() -> MultipleChoiceBenchmark:
