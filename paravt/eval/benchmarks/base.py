@@ -254,6 +254,14 @@ class MultipleChoiceBenchmark:
     forced_answer: str = MCQ_FORCED_ANSWER
     headline: HeadlineFn = _no_headline
     forced_answer_max_tokens: int | None = 64  # BENCHMARKS.md: a letter, <= 64 tokens
+    unparseable: str = "wrong"  # scoring.UNPARSEABLE_POLICIES: wrong | exclude | random
+
+    def __post_init__(self) -> None:
+        if self.unparseable not in scoring.UNPARSEABLE_POLICIES:
+            raise ValueError(
+                f"benchmark {self.name!r}: unparseable={self.unparseable!r}; choose one of "
+                f"{scoring.UNPARSEABLE_POLICIES}"
+            )
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(self.loader(annotations, video_root, limit), annotations)
@@ -261,7 +269,10 @@ class MultipleChoiceBenchmark:
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
         if item.video_missing:
             return {"correct": 0.0}
-        return scoring.score_choice(response, item.sample.answer, item.sample.options)
+        sample = item.sample
+        return scoring.choice_score(
+            response, sample.answer, sample.options, self.unparseable, key=sample.id
+        )
 
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
