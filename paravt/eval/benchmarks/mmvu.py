@@ -7,7 +7,7 @@ counts kept rows. Videos: `{video_root}/videos/{Subject_Dir}/{n}.mp4`. The disci
 the video's subject folder through `DISCIPLINES`, the published mapping (lmms-eval's `TASK_MAP`;
 27 folders; Mechanics, Materials_Science, Electromagnetism, Modern_Physics, Thermodynamics and
 Neurobiology are Science). A folder not in it is reported as discipline "other", and the
-folder name stays visible under "subject". Pass `disciplines=` to `mmvu()` to supply another mapping.
+folder name stays visible under "subject". Pass `disciplines=` to `mmvu()` for another mapping.
 
 This module deliberately does not score the open-ended part (it needs an LLM judge).
 """
@@ -37,6 +37,7 @@ from paravt.types import Sample
 
 KEPT_QUESTION_TYPE = "multiple-choice"
 _VIDEO_URL = re.compile(r"/videos/([^/]+)/([^/?#]+\.mp4)(?:[?#].*)?$")
+
 
 def normalise_subject(folder: str) -> str:
     return " ".join(folder.replace("_", " ").replace("-", " ").lower().split())

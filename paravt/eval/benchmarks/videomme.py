@@ -96,7 +96,9 @@ def subtitle_prefix(subtitle_root: str | None, video_id: str) -> str:
             "%s: all-subtitles prefix is ~%d tokens (%d chars), it may not fit the context "
             "(protocol agent.max_total_tokens); the official alternative keeps only subtitles at "
             "sampled frames (lmms-eval), not implemented here yet",
-            path, len(prefix) // 4, len(prefix),
+            path,
+            len(prefix) // 4,
+            len(prefix),
         )
     return prefix
 
