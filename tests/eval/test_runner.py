@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from paravt.agent.loop import AgentConfig
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.agent.render import ChatRenderer
 from paravt.eval.benchmarks.base import MCQ_FORCED_ANSWER, AnnotationError
@@ -30,7 +31,11 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.rollout.hf import TransformersEngine
 from paravt.video.reader import VideoReader
 
-FAST = EvalConfig(num_frames=4, max_new_tokens=4, max_rounds=0, batch_size=2)
+FAST = EvalConfig(
+    agent=AgentConfig(max_new_tokens=4, max_total_tokens=65536, max_rounds=0),
+    num_frames=4,
+    batch_size=2,
+)
 
 
 class CountingEngine:
@@ -89,7 +94,7 @@ def test_end_to_end_writes_predictions_and_metrics(needle4, make_loop, tmp_path)
         assert record["answer"] in record["response"] and record["answer"].startswith("<think>")
         assert record["groups"]["question_type"] == [item.sample.question_type]
         assert record["num_calls"] == 0 and record["rounds"] == 0
-    assert json.loads((tmp_path / METRICS).read_text()) == metrics
+    assert json.loads((tmp_path / METRICS).read_text())["metrics"] == metrics
     assert metrics["num_samples"] == 4 and metrics["missing_videos"] == 0
     mean = sum(r["score"]["accuracy"] for r in records) / 4
     assert metrics["accuracy"] == pytest.approx(mean)
