@@ -112,6 +112,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from paravt.models.loading import load_policy
     from paravt.video.reader import VideoReader
 
+    policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
     protocol = protocol_of(cfg)
     spec = cfg.benchmark
     raw = spec.get("options")  # an empty DictConfig is falsy: test for None, not truth
@@ -120,7 +121,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     items, bad_rows = load_items(cfg, benchmark)
     identity = run_identity(cfg, protocol)
     out_dir = cfg.out_dir or default_out_dir(identity)
-    model, processor = load_policy(policy_spec(cfg))
+    model, processor = load_policy(policy)
     model.eval().to(pick_device(cfg.device))
     engine = make_engine(cfg.engine, model, processor)
     with VideoReader() as source, torch.no_grad():
