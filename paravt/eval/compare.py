@@ -63,8 +63,10 @@ class ComparisonTable(Callback):
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         value = getattr(job_return, "_return_value", None)
-        if getattr(job_return, "working_dir", None):
-            self.folder = os.path.dirname(str(job_return.working_dir))
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():  # the job's folder is <sweep dir>/<job number>
+            self.folder = os.path.dirname(str(HydraConfig.get().runtime.output_dir))
         if isinstance(value, Mapping):
             self.rows.append((str(config.mode.name), str(config.benchmark.name), value))
 

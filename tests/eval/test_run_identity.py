@@ -204,3 +204,38 @@ def test_killed_evaluation_resumes_to_the_uninterrupted_metrics(
     assert _finish([tiny_qwen3_dir, annotations, tmp_path / "any", "run"]) == reference
     for name in ("mid", "any"):  # no duplicate, no lost prediction
         assert sorted(_ids(tmp_path / name)) == sorted(_ids(tmp_path / "ref"))
+
+
+def test_one_command_compares_the_three_modes(tiny_qwen3_dir, needle_dir, tmp_path):
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            "-m",
+            "benchmark=needle",
+            "mode=parallel,sequential,no_tool",
+            f"model.path={tiny_qwen3_dir}",
+            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *FAST,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = run.stdout.split("== comparison ==")[1].strip().splitlines()
+    assert table[0].startswith("| Mode | needle accuracy")
+    assert [row.split("|")[1].strip() for row in table[2:5]] == [
+        "parallel",
+        "sequential",
+        "no_tool",
+    ]
+    assert (tmp_path / "sweep" / "comparison.md").read_text().strip().splitlines() == table[:5]
+    for mode in ("parallel", "sequential", "no_tool"):
+        (metrics,) = tmp_path.glob(f"runs/eval/needle/{mode}/*/{METRICS}")
+        accuracy = json.loads(metrics.read_text())["metrics"]["accuracy"]
+        row = next(r for r in table if r.split("|")[1].strip() == mode)
+        assert row.split("|")[2].strip() == f"{100 * accuracy:.1f}"
