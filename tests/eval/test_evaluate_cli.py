@@ -63,6 +63,7 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
         "model.build_tiny=null",
         f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
         f"out_dir={out_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
         "device=cpu",
         "protocol.num_frames=4",  # the budget the checkpoint was trained with
         "rollout.agent.max_rounds=2",

@@ -64,7 +64,13 @@ def test_resuming_another_models_out_dir_is_refused(tmp_path):
 def test_a_missing_model_path_is_an_error_and_creates_nothing(tmp_path):
     target = tmp_path / "nonexistent"
     run = subprocess.run(
-        [sys.executable, "evaluate.py", f"model.path={target}", f"out_dir={tmp_path / 'o'}"],
+        [
+            sys.executable,
+            "evaluate.py",
+            f"model.path={target}",
+            f"out_dir={tmp_path / 'o'}",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
