@@ -1,18 +1,39 @@
 """Evaluation entry point: `python evaluate.py benchmark=NAME model.path=... [key=value ...]`.
 
-Thin on purpose: Hydra composes conf/eval.yaml, this file loads the policy, builds the agent loop
-for the benchmark's forced-answer message and hands over to `paravt.eval.runner.run_benchmark`
-(which writes predictions.jsonl and metrics.json under `out_dir`, resuming a killed run), then
-prints the metrics as a table. Only `torch.no_grad` inference happens here; nothing is trained.
+Thin on purpose: Hydra composes conf/eval.yaml (the model, the benchmark, training's agent/crop
+settings from conf/rollout and a dispatch-mode preset from conf/mode), this file checks the paths,
+loads the policy, builds the engine (`make_engine`, the one place that knows engines) and the
+agent loop for the benchmark's forced-answer message, and hands over to
+`paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under `out_dir`,
+resuming a killed run of the same model, annotations, engine and protocol). Bad input stops with
+one line naming the problem and the fix. `-m ... mode=parallel,sequential,no_tool` prints one
+comparison table (`paravt.eval.compare`). Only `torch.no_grad` inference happens here.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import replace
 
 import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.eval.runner import build_agent_loop, format_metrics, make_benchmark, run_benchmark
+from paravt.eval.benchmarks.base import AnnotationError, collect_row_errors
+from paravt.eval.runner import (
+    EvalConfig,
+    build_agent_loop,
+    format_metrics,
+    make_benchmark,
+    run_benchmark,
+)
+
+log = logging.getLogger("evaluate")
 
 
 def pick_device(name: str) -> str:
@@ -23,45 +44,111 @@ def pick_device(name: str) -> str:
     return name
 
 
+def policy_spec(cfg: DictConfig):
+    """The model spec; a missing model.path is an error unless a tiny model was asked for."""
+    spec = instantiate(cfg.model)
+    path = os.path.expanduser(spec.path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return replace(spec, build_tiny=None)
+    defaults = {os.path.abspath(p) for p in cfg.tiny_model_paths}
+    if spec.build_tiny and (cfg.build_tiny_model or os.path.abspath(path) in defaults):
+        return spec
+    raise FileNotFoundError(
+        f"model.path {spec.path!r} is not a local checkpoint (no config.json there); pass the "
+        "folder of a downloaded HF checkpoint, or add build_tiny_model=true to build a random "
+        "tiny test model there"
+    )
+
+
+def protocol_of(cfg: DictConfig) -> EvalConfig:
+    """The protocol: training's agent/crop settings (conf/rollout) plus the eval knobs."""
+    agent, crop = instantiate(cfg.rollout.agent), instantiate(cfg.rollout.crop)
+    return EvalConfig(agent=agent, crop=crop, **OmegaConf.to_container(cfg.protocol))
+
+
+def run_identity(cfg: DictConfig, protocol: EvalConfig) -> dict:
+    """What an out_dir's predictions depend on: model, annotation file, engine, mode, protocol."""
+    return {
+        "benchmark": cfg.benchmark.name,
+        "model": os.path.abspath(os.path.expanduser(cfg.model.path)),
+        "annotations": os.path.abspath(cfg.benchmark.annotations),
+        "engine": cfg.engine,
+        "mode": cfg.mode.name,
+        "protocol": protocol.identity(),
+    }
+
+
+def default_out_dir(identity: dict) -> str:
+    """runs/eval/<benchmark>/<mode>/<model name>-<8 hex of the identity>."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(identity["model"].rstrip("/")))
+    return os.path.join("runs", "eval", identity["benchmark"], identity["mode"], f"{name}-{digest}")
+
+
+def make_engine(name: str, model, processor):
+    """The rollout engine `name` for the loaded policy (the one place engines are built)."""
+    if name != "hf":
+        raise ValueError(f"engine={name!r} is not available in evaluate.py yet; use engine=hf")
+    from paravt.rollout.hf import TransformersEngine
+
+    return TransformersEngine(model, processor.tokenizer)
+
+
+def load_items(cfg: DictConfig, benchmark):
+    """The benchmark's items and the bad rows skipped (none skipped with fail_fast)."""
+    spec = cfg.benchmark
+    if cfg.fail_fast:
+        return benchmark.load(spec.annotations, spec.video_root, cfg.limit), []
+    with collect_row_errors() as errors:
+        items = benchmark.load(spec.annotations, spec.video_root, cfg.limit)
+    return items, [str(e) for e in errors]
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Load the benchmark and the policy named by `cfg`, run the evaluation, return its metrics."""
     import torch
 
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import load_policy
-    from paravt.rollout.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
-    protocol = instantiate(cfg.protocol)
+    policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
+    protocol = protocol_of(cfg)
     spec = cfg.benchmark
     raw = spec.get("options")  # an empty DictConfig is falsy: test for None, not truth
     options = {} if raw is None else OmegaConf.to_container(raw, resolve=True)
-    benchmark = make_benchmark(spec.name, **options)
-    items = benchmark.load(spec.annotations, spec.video_root, cfg.limit)
-    model, processor = load_policy(instantiate(cfg.model))
+    benchmark = make_benchmark(spec.name, unparseable=spec.get("unparseable"), **options)
+    items, bad_rows = load_items(cfg, benchmark)
+    identity = run_identity(cfg, protocol)
+    out_dir = cfg.out_dir or default_out_dir(identity)
+    model, processor = load_policy(policy)
     model.eval().to(pick_device(cfg.device))
-    engine = TransformersEngine(model, processor.tokenizer)
+    engine = make_engine(cfg.engine, model, processor)
     with VideoReader() as source, torch.no_grad():
+        max_tokens = getattr(benchmark, "forced_answer_max_tokens", None)
         loop = build_agent_loop(
-            engine,
-            ChatRenderer(processor),
-            source,
-            protocol,
-            benchmark.forced_answer,
-            getattr(benchmark, "forced_answer_max_tokens", None),
+            engine, ChatRenderer(processor), source, protocol, benchmark.forced_answer, max_tokens
         )
         try:
-            return run_benchmark(benchmark, items, loop, cfg.out_dir, protocol)
+            metrics = run_benchmark(
+                benchmark, items, loop, out_dir, protocol, identity, bad_rows, cfg.fail_fast
+            )
         finally:
             loop.executor.close()
+    print(format_metrics(f"{spec.name} ({cfg.mode.name})", metrics))
+    print(f"results: {os.path.join(out_dir, 'results.md')} (and metrics.json, predictions.jsonl)")
+    return metrics
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> dict[str, float]:
-    metrics = evaluate(cfg)
-    print(format_metrics(cfg.benchmark.name, metrics))
-    print(f"predictions and metrics.json: {cfg.out_dir}")
-    return metrics
+    from paravt.video.reader import VideoError
+
+    try:
+        return evaluate(cfg)
+    except (AnnotationError, FileNotFoundError, VideoError, ValueError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

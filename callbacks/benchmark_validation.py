@@ -2,11 +2,13 @@
 
 Every `every_n_steps` optimizer steps, and once more when training ends, `BenchmarkValidation`
 runs the module's own agent (greedy) on a held-out prompt file and logs
-`val/{name}/accuracy` (mean R_acc), `val/{name}/f_tau` (mean format compliance, see
-`paravt.rl.metrics.format_compliance`) and `val/{name}/kappa` (mean tool calls per rollout),
-the same means as `paravt.rl.metrics`, but computed from sums so that they can be reduced
-exactly across ranks: each rank evaluates its own slice of the samples
-(`samples[rank::world_size]`).
+`val/{name}/accuracy` (mean R_acc, also per question type and needle family:
+`val/{name}/accuracy/question_type=mcq`, ...), `val/{name}/f_tau` (mean format compliance, see
+`paravt.rl.metrics.format_compliance`) and `val/{name}/kappa` (mean tool calls per rollout).
+They are `paravt.eval.metrics.CategoryMean` torchmetrics Metrics (the same objects evaluate.py's
+reports use): each rank evaluates its own slice of the samples (`samples[rank::world_size]`) and
+`compute()` reduces the sums and counts across ranks the standard torchmetrics way, so the
+means are exact whatever the split.
 
 Metrics go to the loggers directly (at `trainer.global_step`) and, during a step, into
 `trainer.callback_metrics` so that `ModelCheckpoint(monitor="val/needle/accuracy")` works.
@@ -28,10 +30,23 @@ import torch
 
 from callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
+from paravt.eval.metrics import CategoryMean
 from paravt.rl.metrics import format_compliance
 from paravt.types import Sample
 
 _REQUIRED = ("evaluate_agent", "score")
+
+
+def _labels(sample: Sample) -> list[str]:
+    """A sample's accuracy categories: its question type and, for needle rows, its family."""
+    labels = [f"question_type={sample.question_type}"]
+    family = sample.extra.get("family")
+    return [*labels, f"family={family}"] if family else labels
+
+
+def _categories(samples: list[Sample]) -> list[str]:
+    # From ALL samples (not the shard): every rank builds the same metric states.
+    return sorted({label for s in samples for label in _labels(s)})
 
 
 def _is_count(value: object) -> bool:
@@ -117,7 +132,10 @@ class BenchmarkValidation(pl.Callback):
         if self.samples is None:
             self.samples = self._load()
         shard = self.samples[trainer.global_rank :: trainer.world_size]
-        sums = [0.0, 0.0, 0.0, 0.0]  # samples, accuracy, format, tool calls
+        device = pl_module.device
+        accuracy = CategoryMean(_categories(self.samples)).to(device)
+        fmt, calls = CategoryMean().to(device), CategoryMean().to(device)
+        accs, fmts, kappas = [], [], []
         if shard:
             with _eval_mode(pl_module), torch.no_grad():
                 trajectories = list(pl_module.evaluate_agent(shard, greedy=True))
@@ -128,20 +146,19 @@ class BenchmarkValidation(pl.Callback):
                         "return one greedy trajectory per sample, in order"
                     )
                 rewards = [pl_module.score(t, s) for t, s in zip(trajectories, shard, strict=True)]
-            sums = [
-                float(len(shard)),
-                sum(r.accuracy for r in rewards),
-                sum(format_compliance(r) for r in rewards),
-                float(sum(t.num_calls for t in trajectories)),
-            ]
-        local = torch.tensor(sums, dtype=torch.float64, device=pl_module.device)
-        count, accuracy, fmt, calls = trainer.strategy.reduce(local, reduce_op="sum").tolist()
+            accs = [float(r.accuracy) for r in rewards]
+            fmts = [float(format_compliance(r)) for r in rewards]
+            kappas = [float(t.num_calls) for t in trajectories]
+        accuracy.update(torch.tensor(accs, dtype=torch.float64), [_labels(s) for s in shard])
+        fmt.update(torch.tensor(fmts, dtype=torch.float64))
+        calls.update(torch.tensor(kappas, dtype=torch.float64))
         prefix = f"val/{self.name}"
-        return {
-            f"{prefix}/accuracy": accuracy / count,
-            f"{prefix}/f_tau": fmt / count,
-            f"{prefix}/kappa": calls / count,
-        }
+        by_category = accuracy.compute()  # reduced over all ranks
+        out = {f"{prefix}/accuracy": by_category.pop("overall")}
+        out.update({f"{prefix}/accuracy/{k}": v for k, v in by_category.items()})
+        out[f"{prefix}/f_tau"] = fmt.compute()["overall"]
+        out[f"{prefix}/kappa"] = calls.compute()["overall"]
+        return out
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The baseline before any update (or at the resumed step), so every run reports a delta.

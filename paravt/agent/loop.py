@@ -43,6 +43,7 @@ class AgentConfig:
     overview_max_pixels: int = 50176
     forced_answer: str = prompts.FORCED_ANSWER
     forced_answer_max_tokens: int | None = None  # cap of the forced turn (None: max_new_tokens)
+    tools: bool = True  # False: no tool in the system prompt and no call parsed (no-tool ablation)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -169,7 +170,8 @@ class AgentLoop:
         frames = self.source.read(
             sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
         )
-        messages = prompts.main_messages(sample, frames.timestamps, info.duration)
+        system = None if self.cfg.tools else prompts.NO_TOOL_SYSTEM
+        messages = prompts.main_messages(sample, frames.timestamps, info.duration, system)
         prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
         seg = self.renderer.prompt(messages, [frames], prefix)
         return [
@@ -207,7 +209,7 @@ class AgentLoop:
         text = st.prefix + body
         st.history.append({"role": "assistant", "content": text})
         cap = 1 if self.cfg.sequential else self.crop.max_calls_per_turn
-        calls = () if st.forced else parse_tool_calls(text, max_calls=cap)
+        calls = () if st.forced or not self.cfg.tools else parse_tool_calls(text, max_calls=cap)
         st.turns.append(Turn(text=text, calls=calls, forced_answer=st.forced))
         if out.finish_reason != "stop":
             st.done, st.finish_reason = True, out.finish_reason

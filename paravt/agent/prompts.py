@@ -42,6 +42,11 @@ SYSTEM_TEMPLATE = (
     "When you know the answer, write it inside <answer> </answer>."
 )
 
+NO_TOOL_SYSTEM = (
+    "You are a video agent. You see a few frames of a long video, each labelled with its time. "
+    "Think inside <think> </think>, then write the answer inside <answer> </answer>."
+)
+
 FORCED_ANSWER = "You have no tool calls left. Answer now, inside <answer> </answer>."
 
 SUBAGENT_SYSTEM = "You describe video segments factually and briefly."

@@ -27,6 +27,7 @@ from paravt.eval import scoring
 from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
+    build_items,
     check_unique_ids,
     summarize,
     take,
@@ -41,8 +42,8 @@ def load_needle(annotations: str, video_root: str = "", limit: int | None = None
             "`paravt make-needle-data --out DIR` (or train once) or pass benchmark.annotations"
         )
     base_dir = video_root or os.path.dirname(os.path.abspath(annotations))
-    items = []
-    for index, row in enumerate(take(load_rows(annotations), limit)):
+
+    def make(row: dict, index: int) -> EvalItem:
         try:
             sample = row_to_sample(row, base_dir=base_dir, row_index=index, layout="paravt")
         except DataRowError as error:
@@ -51,10 +52,11 @@ def load_needle(annotations: str, video_root: str = "", limit: int | None = None
         family = sample.extra.get("family")
         if family:
             labels["family"] = (str(family),)
-        items.append(
-            EvalItem(sample=sample, groups=labels, video_missing=not os.path.isfile(sample.video))
-        )
-    return items
+        missing = not os.path.isfile(sample.video)
+        return EvalItem(sample=sample, groups=labels, video_missing=missing)
+
+    rows = take(load_rows(annotations), limit)
+    return build_items(enumerate(rows), make, annotations, "paravt needle (eval.jsonl)")
 
 
 @dataclass(frozen=True)

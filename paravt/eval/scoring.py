@@ -9,11 +9,23 @@ The letter rule (one rule for every multiple-choice benchmark; `extract_choice`)
 2. the option letter in that segment (`extract_option_letter`), restricted to the sample's own
    letters (A..D for four options): a bare letter, "B. text", "the answer is B", "B is correct",
    the option text itself, else one distinct stand-alone capital, never "A"/"I" used as a word;
-3. only when the response has neither a closed `<answer>` nor a `</think>` (a plain model that
-   writes "The answer is B.\nBecause ..."), step 2 again on the whole text minus tool blocks.
+3. when there is no closed `<answer>` (a plain model that writes "The answer is B.\nC is
+   wrong." or "Answer: B\nReason: D shows nothing"), the untagged body (the text after the last
+   `</think>`, else the whole text minus tool blocks) is read BEFORE step 2's last-line segment,
+   in this order: an explicit phrase anywhere ("answer is X", "answer: X", "answer - (X)"; the
+   first one naming one of the sample's letters), then the first non-empty line, then the
+   segment of step 1, then the whole body (lmms-eval and the official Video-MME rule agree on
+   the phrase and the leading letter).
 A letter outside the sample's letters, or none, is wrong. The think block is never read.
 
-Intervals (`extract_interval`) follow the same segment rule with `parse_interval`; the IoU is
+How an unparseable answer counts differs between official scorers; `UNPARSEABLE_POLICIES`
+names them: "wrong" (paravt's default: kept in the denominator, scored 0), "exclude" (the
+official Video-MME script leaves it out of the denominator), "random" (LongVideoBench's lmms-eval
+task assigns a random letter, seeded by the item id so reruns agree). See `choice_score`.
+
+Intervals (`extract_interval`) follow the same segment rule; labelled answers ("Start time: 24.0
+seconds\nEnd time: 30.0 seconds", "start: 0:24, end: 0:30") are read first, then
+`parse_interval` ("a - b", "[a, b]", "m:ss - m:ss"); the IoU is
 intersection / (max end - min start), zero for disjoint or degenerate intervals.
 
 This module deliberately does not read files or know about benchmarks' schemas.
@@ -22,6 +34,7 @@ This module deliberately does not read files or know about benchmarks' schemas.
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -46,16 +59,78 @@ def _without_tools(text: str) -> str:
 
 
 def _has_answer_structure(response: str) -> bool:
-    return "</think>" in response or ("<answer>" in response and "</answer>" in response)
+    return "</think>" in response or _has_closed_answer(response)
+
+
+def _has_closed_answer(response: str) -> bool:
+    return "<answer>" in response and "</answer>" in response
+
+
+# "answer is B", "Answer: (B)", "the correct answer is option B", "final answer - B". Every
+# quantifier is bounded and the pieces are separated by literals: linear-time on any input.
+_PHRASE_RE = re.compile(
+    r"(?i:answer)[ \t]{0,4}(?i:is|:|-|=)[ \t]{0,4}(?i:option[ \t]{1,4})?"
+    r"[(\[]?([A-J])(?![A-Za-z0-9])"
+)
+
+
+# "Answer: A person ..." uses "A" as a word, not as an option.
+_WORD_AFTER_RE = re.compile(r"[ \t]{1,4}(?!(?:and|or|nor|vs|versus)\b)[a-z]")
+
+
+def _phrase_letter(text: str, letters: str) -> str | None:
+    for found in _PHRASE_RE.finditer(text):
+        letter = found.group(1)
+        as_word = letter in "AI" and _WORD_AFTER_RE.match(text, found.end()) is not None
+        if letter in letters and not as_word:
+            return letter
+    return None
+
+
+def _untagged_body(response: str) -> str:
+    _head, sep, tail = response.rpartition("</think>")
+    return _without_tools(tail if sep else response).strip()
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def extract_choice(response: str, options: Sequence[str]) -> str | None:
     """The option letter `response` chooses among the sample's options, or None (module rule)."""
     letters = option_letters(len(options))
-    letter = extract_option_letter(extract_answer(response), letters, options)
-    if letter is None and not _has_answer_structure(response):
-        letter = extract_option_letter(_without_tools(response).strip(), letters, options)
-    return letter
+    segment = extract_answer(response)
+    if _has_closed_answer(response):
+        return extract_option_letter(segment, letters, options)
+    body = _untagged_body(response)
+    phrased = _phrase_letter(body, letters)
+    if phrased is not None:
+        return phrased
+    for text in (_first_line(body), segment, body):
+        letter = extract_option_letter(text, letters, options)
+        if letter is not None:
+            return letter
+    return None
+
+
+UNPARSEABLE_POLICIES = ("wrong", "exclude", "random")
+
+
+def choice_score(
+    response: str, gold: str, options: Sequence[str], unparseable: str = "wrong", key: str = ""
+) -> dict[str, float]:
+    """{"correct": 0/1, "parsed": 0/1} under an unparseable-answer policy (module docstring);
+    "exclude" marks the item with "excluded": 1.0 so reports can drop it from the denominator."""
+    if unparseable not in UNPARSEABLE_POLICIES:
+        raise ValueError(f"unparseable={unparseable!r}: choose one of {UNPARSEABLE_POLICIES}")
+    letter = extract_choice(response, options)
+    parsed = letter is not None
+    if not parsed and unparseable == "random":
+        letter = random.Random(f"{key}|{response}").choice(option_letters(len(options)))
+    score = {"correct": float(letter == gold.strip().upper()), "parsed": float(parsed)}
+    if not parsed and unparseable == "exclude":
+        score["excluded"] = 1.0
+    return score
 
 
 def score_choice(response: str, gold: str, options: Sequence[str]) -> dict[str, float]:
@@ -63,11 +138,41 @@ def score_choice(response: str, gold: str, options: Sequence[str]) -> dict[str, 
     return {"correct": float(extract_choice(response, options) == gold.strip().upper())}
 
 
+_CLOCK = r"\d{1,2}:\d{2}(?::\d{2})?(?:\.\d{1,3})?"
+_LABELLED_RE = re.compile(
+    rf"(?i:\b(start|end)(?:ing|s)?(?:[ _-]?(?:time|timestamp|point))?)[ \t]{{0,4}}"
+    rf"(?i:is|at|=|:|-)?[ \t]{{0,4}}(?i:about[ \t]{{1,4}})?({_CLOCK}|\d{{1,7}}(?:\.\d{{1,6}})?)"
+)
+
+
+def _clock_seconds(token: str) -> float:
+    value = 0.0
+    for part in token.split(":"):
+        value = value * 60 + float(part)
+    return value
+
+
+def parse_labelled_interval(text: str) -> tuple[float, float] | None:
+    """(start, end) from "Start time: 24.0 s ... End time: 30.0 s" (the first of each label);
+    None unless both labels carry a number. A reversed pair is swapped."""
+    found: dict[str, float] = {}
+    for match in _LABELLED_RE.finditer(text):
+        found.setdefault(match.group(1).lower(), _clock_seconds(match.group(2)))
+    if "start" not in found or "end" not in found:
+        return None
+    return (min(found["start"], found["end"]), max(found["start"], found["end"]))
+
+
+def _interval_in(text: str) -> tuple[float, float] | None:
+    labelled = parse_labelled_interval(text)
+    return labelled if labelled is not None else parse_interval(text)
+
+
 def extract_interval(response: str) -> tuple[float, float] | None:
     """The predicted (start, end) in seconds: the answer segment first, then the whole text."""
-    found = parse_interval(extract_answer(response))
-    if found is None and not _has_answer_structure(response):
-        found = parse_interval(_without_tools(response))
+    found = _interval_in(extract_answer(response))
+    if found is None and not _has_closed_answer(response):
+        found = _interval_in(_untagged_body(response))
     return found
 
 

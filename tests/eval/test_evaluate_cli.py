@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from paravt.eval.runner import METRICS, PREDICTIONS, EvalConfig, make_benchmark
@@ -31,9 +30,13 @@ def test_every_benchmark_config_is_present():
 def test_benchmark_config_composes_and_builds(name, tmp_path):
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("eval", overrides=[f"benchmark={name}"])
-    protocol = instantiate(cfg.protocol)
-    assert protocol == EvalConfig()  # the YAML spells out the paper's defaults, no drift
-    assert cfg.benchmark.name == name and cfg.out_dir == f"runs/eval/{name}"
+    from evaluate import protocol_of
+
+    protocol = protocol_of(cfg)
+    # conf/rollout + the eval overrides spell out the paper's protocol, no drift
+    assert protocol.agent == EvalConfig().agent
+    assert protocol.identity() == EvalConfig().identity()
+    assert cfg.benchmark.name == name and cfg.out_dir is None and cfg.mode.name == "parallel"
     options = OmegaConf.to_container(cfg.benchmark.options)
     if "subtitle_root" in options:  # the adapter checks that the placeholder folder exists
         options["subtitle_root"] = str(tmp_path)
@@ -60,10 +63,11 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
         "model.build_tiny=null",
         f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
         f"out_dir={out_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
         "device=cpu",
         "protocol.num_frames=4",  # the budget the checkpoint was trained with
-        "protocol.max_rounds=2",
-        "protocol.max_new_tokens=160",
+        "rollout.agent.max_rounds=2",
+        "rollout.agent.max_new_tokens=160",
         "protocol.batch_size=2",
     ]
     run = subprocess.run(
@@ -74,7 +78,7 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    metrics = json.loads((out_dir / METRICS).read_text())
+    metrics = json.loads((out_dir / METRICS).read_text())["metrics"]
     records = [json.loads(x) for x in (out_dir / PREDICTIONS).read_text().splitlines()]
     assert [r["id"] for r in records] == ["needle-eval-00000", "needle-eval-00001"]
     # The checkpoint really calls the tool: parallel crops come back as valid calls.
@@ -85,7 +89,7 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
     accuracy = sum(r["score"]["accuracy"] for r in records) / 2
     assert metrics["accuracy"] == pytest.approx(accuracy)
     # The printed table carries the same numbers (fractions as percentages).
-    assert "== needle ==" in run.stdout
+    assert "== needle (parallel) ==" in run.stdout
     row = next(line for line in run.stdout.splitlines() if line.startswith("accuracy "))
     assert row.split()[-1] == f"{100 * accuracy:.1f}"
     table = {line.split()[0]: line.split()[-1] for line in run.stdout.splitlines() if line}

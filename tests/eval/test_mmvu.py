@@ -22,16 +22,16 @@ def _row(i, subject, qtype="multiple-choice", answer="B"):
 
 def test_filter_paths_disciplines_and_report(write_json, touch, tmp_path):
     rows = [
-        _row(0, "Physics"),
+        _row(0, "Mechanics"),
         _row(1, "Clinical_Medicine", qtype="open-ended"),  # dropped
         _row(2, "Clinical_Medicine", answer="A"),
         _row(3, "Underwater_Basketweaving"),  # not in the mapping
     ]
-    touch("mmvu/videos/Physics/0.mp4")
+    touch("mmvu/videos/Mechanics/0.mp4")
     bench = get_benchmark("mmvu")
     items = bench.load(write_json(rows), str(tmp_path / "mmvu"))
     assert [i.sample.id for i in items] == ["validation_0", "validation_2", "validation_3"]
-    assert items[0].sample.video == str(tmp_path / "mmvu" / "videos" / "Physics" / "0.mp4")
+    assert items[0].sample.video == str(tmp_path / "mmvu" / "videos" / "Mechanics" / "0.mp4")
     assert items[0].sample.options == ("Ohm", "Hooke", "Newton", "Snell")  # empty E dropped
     assert [i.groups["discipline"] for i in items] == [("Science",), ("Healthcare",), ("other",)]
     assert [i.video_missing for i in items] == [False, True, True]
@@ -53,7 +53,7 @@ def test_custom_disciplines(write_json, tmp_path):
 
 
 def test_bad_video_url_names_row(write_json, tmp_path):
-    row = _row(0, "Physics")
+    row = _row(0, "Mechanics")
     row["video"] = "https://example.com/clip.mp4"
     with pytest.raises(AnnotationError, match=r"row 0: field 'video'"):
-        get_benchmark("mmvu").load(write_json([_row(5, "Physics"), row][::-1]), str(tmp_path))
+        get_benchmark("mmvu").load(write_json([_row(5, "Mechanics"), row][::-1]), str(tmp_path))

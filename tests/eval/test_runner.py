@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from paravt.agent.loop import AgentConfig
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.agent.render import ChatRenderer
 from paravt.eval.benchmarks.base import MCQ_FORCED_ANSWER, AnnotationError
@@ -30,7 +31,11 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.rollout.hf import TransformersEngine
 from paravt.video.reader import VideoReader
 
-FAST = EvalConfig(num_frames=4, max_new_tokens=4, max_rounds=0, batch_size=2)
+FAST = EvalConfig(
+    agent=AgentConfig(max_new_tokens=4, max_total_tokens=65536, max_rounds=0),
+    num_frames=4,
+    batch_size=2,
+)
 
 
 class CountingEngine:
@@ -89,7 +94,7 @@ def test_end_to_end_writes_predictions_and_metrics(needle4, make_loop, tmp_path)
         assert record["answer"] in record["response"] and record["answer"].startswith("<think>")
         assert record["groups"]["question_type"] == [item.sample.question_type]
         assert record["num_calls"] == 0 and record["rounds"] == 0
-    assert json.loads((tmp_path / METRICS).read_text()) == metrics
+    assert json.loads((tmp_path / METRICS).read_text())["metrics"] == metrics
     assert metrics["num_samples"] == 4 and metrics["missing_videos"] == 0
     mean = sum(r["score"]["accuracy"] for r in records) / 4
     assert metrics["accuracy"] == pytest.approx(mean)
@@ -249,3 +254,30 @@ def test_benchmarks_cap_the_forced_answer_turn():
         bench = get_benchmark(name)
         cfg = agent_config(EvalConfig(), bench.forced_answer, bench.forced_answer_max_tokens)
         assert (cfg.forced_answer, cfg.forced_answer_max_tokens) == (bench.forced_answer, cap)
+
+
+def test_truncated_and_empty_videos_are_counted_listed_or_fail_fast(needle4, make_loop, tmp_path):
+    from paravt.video.reader import VideoError
+
+    rows = [json.loads(x) for x in lines(needle4 / "eval.jsonl")][:3]
+    source = needle4 / rows[0]["videos"][0]["video"]
+    data = source.read_bytes()
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    (tmp_path / "half.mp4").write_bytes(data[: len(data) // 3])
+    rows[0]["videos"] = [{"video": str(tmp_path / "empty.mp4")}]
+    rows[1]["videos"] = [{"video": str(tmp_path / "half.mp4")}]
+    annotations = tmp_path / "eval.jsonl"
+    annotations.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench = NeedleBenchmark()
+    items = bench.load(str(annotations), str(needle4))
+    loop, _ = make_loop()
+    with pytest.raises(VideoError):
+        run_benchmark(bench, items, loop, str(tmp_path / "strict"), FAST, fail_fast=True)
+    bad_row = "eval.jsonl: row 7: field 'question': missing"
+    metrics = run_benchmark(bench, items, loop, str(tmp_path / "out"), FAST, bad_rows=[bad_row])
+    assert metrics["video_errors"] == 2 and metrics["bad_rows"] == 1
+    assert metrics["num_samples"] == 3
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert report.count("undecodable video:") == 2 and f"bad row: {bad_row}" in report
+    saved = json.loads((tmp_path / "out" / METRICS).read_text())
+    assert len(saved["problems"]) == 3 and saved["metrics"] == metrics

@@ -52,6 +52,7 @@ def test_load_prompt_letters_once_and_paths(videomme_files):
     assert items[1].groups == {
         "duration": ("long",),
         "domain": ("Knowledge",),
+        "sub_category": ("Humanity",),
         "task_type": ("OCR",),
     }
     assert [i.sample.id for i in get_benchmark("videomme").load(ann, root, limit=2)] == [

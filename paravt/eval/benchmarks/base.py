@@ -11,13 +11,18 @@ This module deliberately does not decode video, run a model or know any one benc
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
 from paravt.eval import scoring
+from paravt.eval.metrics import CategoryMean
 from paravt.types import Sample
 
 MCQ_FORCED_ANSWER = (
@@ -102,6 +107,58 @@ def get_field(row: Mapping[str, Any], name: str, kind: str, path: str, index: in
     return value
 
 
+# Bad rows: strict by default (an adapter used on its own raises on the first bad row); inside
+# `collect_row_errors()` (what the runner does unless fail_fast) a bad row is skipped and its
+# error recorded, so one malformed row does not stop a 2,700-question evaluation.
+_ROW_ERRORS: contextvars.ContextVar[list[AnnotationError] | None] = contextvars.ContextVar(
+    "paravt_row_errors", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_row_errors() -> Iterator[list[AnnotationError]]:
+    """Within the block, `build_items` skips bad rows and appends their errors to the list."""
+    errors: list[AnnotationError] = []
+    token = _ROW_ERRORS.set(errors)
+    try:
+        yield errors
+    finally:
+        _ROW_ERRORS.reset(token)
+
+
+def build_items(
+    rows: Iterable[tuple[int, dict[str, Any]]],  # (row number in the file, row)
+    make: Callable[[dict[str, Any], int], EvalItem],
+    path: str,
+    layout: str,
+) -> list[EvalItem]:
+    """`make(row, index)` for each row; bad rows raise, or are skipped inside
+    `collect_row_errors()`. When every row is bad the file is in the wrong layout: one error
+    saying which layout was expected, whatever the mode."""
+    items: list[EvalItem] = []
+    errors: list[AnnotationError] = []
+    collector = _ROW_ERRORS.get()
+    rows = list(rows)
+    for index, row in rows:
+        try:
+            items.append(make(row, index))
+        except AnnotationError as error:
+            errors.append(error)
+    if rows and not items:
+        raise AnnotationError(
+            path,
+            "all",
+            "<layout>",
+            f"no row fits the {layout} layout (first error: "
+            f"{errors[0]}); pass the benchmark's own annotation file (see its docstring)",
+        )
+    if errors and collector is None:
+        raise errors[0]
+    if collector is not None:
+        collector.extend(errors)
+    return items
+
+
 def take(rows: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
     """The first `limit` rows (all when None); a negative limit is a user error."""
     if limit is not None and limit < 0:
@@ -153,22 +210,38 @@ def _no_headline(_metrics: Mapping[str, float]) -> dict[str, float]:
     return {}
 
 
+def category_labels(items: Sequence[EvalItem]) -> tuple[list[str], list[list[str]]]:
+    """(all categories "key=label", sorted; each item's categories) from the items' groups."""
+    per_item = [
+        [f"{key}={label}" for key, labels in item.groups.items() for label in labels]
+        for item in items
+    ]
+    return sorted({c for labels in per_item for c in labels}), per_item
+
+
 def summarize(
     items: Sequence[EvalItem],
     scores: Sequence[Mapping[str, float]],
     names: Mapping[str, str],  # score key -> reported metric name, e.g. {"correct": "accuracy"}
 ) -> dict[str, float]:
-    """Overall and per-group means of each score, plus "missing_videos" and "num_samples"."""
+    """Overall and per-group means of each score (through `CategoryMean`), plus the counts
+    "missing_videos", "num_samples", "unparseable" (answers no rule could read) and "excluded"
+    (items left out of the denominators under the "exclude" policy)."""
     if len(items) != len(scores):
         raise ValueError(f"{len(items)} items but {len(scores)} scores")
+    categories, labels = category_labels(items)
+    weights = torch.tensor([0.0 if s.get("excluded") else 1.0 for s in scores])
     metrics: dict[str, float] = {}
-    groups = [item.groups for item in items]
     for key, name in names.items():
-        values = [float(s[key]) for s in scores]
-        metrics[name] = scoring.mean(values)
-        metrics.update(scoring.grouped_means(groups, values, name))
+        metric = CategoryMean(categories)
+        metric.update(torch.tensor([float(s[key]) for s in scores]), labels, weights)
+        result = metric.compute()
+        metrics[name] = result.pop("overall")
+        metrics.update({f"{name}/{c}": v for c, v in result.items()})
     metrics["missing_videos"] = float(sum(item.video_missing for item in items))
     metrics["num_samples"] = float(len(items))
+    metrics["unparseable"] = float(sum(s.get("parsed", 1.0) == 0.0 for s in scores))
+    metrics["excluded"] = float(len(scores) - weights.sum().item())
     return metrics
 
 
@@ -181,6 +254,14 @@ class MultipleChoiceBenchmark:
     forced_answer: str = MCQ_FORCED_ANSWER
     headline: HeadlineFn = _no_headline
     forced_answer_max_tokens: int | None = 64  # BENCHMARKS.md: a letter, <= 64 tokens
+    unparseable: str = "wrong"  # scoring.UNPARSEABLE_POLICIES: wrong | exclude | random
+
+    def __post_init__(self) -> None:
+        if self.unparseable not in scoring.UNPARSEABLE_POLICIES:
+            raise ValueError(
+                f"benchmark {self.name!r}: unparseable={self.unparseable!r}; choose one of "
+                f"{scoring.UNPARSEABLE_POLICIES}"
+            )
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(self.loader(annotations, video_root, limit), annotations)
@@ -188,7 +269,10 @@ class MultipleChoiceBenchmark:
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
         if item.video_missing:
             return {"correct": 0.0}
-        return scoring.score_choice(response, item.sample.answer, item.sample.options)
+        sample = item.sample
+        return scoring.choice_score(
+            response, sample.answer, sample.options, self.unparseable, key=sample.id
+        )
 
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]

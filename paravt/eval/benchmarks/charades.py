@@ -3,6 +3,8 @@
 Two layouts are read: the HF `lmms-lab/charades_sta` parquet (video: a file name, with extension
 (inferred; `.mp4` is tried when absent), caption, timestamp: [start, end] seconds) and the
 original text format, one `VID start end##sentence` per line (video `{video_root}/{VID}.mp4`).
+Gold times are rounded to the text annotation's precision (`GOLD_DECIMALS`, one decimal): the
+parquet's float16 columns hold 24.296875 for the annotation's 24.3 (errors up to 0.0125 s).
 Items get id f"{video stem}-{row}", the grounding prompt as question, the gold as "[s, e]" and
 as `Sample.windows`. Scores: IoU = intersection / (max end - min start); an unparseable answer or
 a missing video scores IoU 0 and stays in the denominator. Report: miou, r@0.3, r@0.5, r@0.7.
@@ -16,12 +18,16 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+import torch
 
 from paravt.eval import scoring
 from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
+    build_items,
     check_unique_ids,
     get_field,
     read_rows,
@@ -29,6 +35,7 @@ from paravt.eval.benchmarks.base import (
     summarize,
     take,
 )
+from paravt.eval.metrics import GroundingMetric
 from paravt.types import Sample
 
 ANSWER_FORM = "The event happens in the X.X - Y.Y seconds."
@@ -37,6 +44,7 @@ PROMPT = (
     'Find the start and end time of this event in the video: "{caption}"\n'
     'Answer in the form "The event happens in the start - end seconds."'
 )
+GOLD_DECIMALS = 1  # the original `VID start end##sentence` file writes one decimal
 METRIC_NAMES = {"iou": "miou", **{f"r@{t}": f"r@{t}" for t in scoring.RECALL_THRESHOLDS}}
 
 
@@ -76,10 +84,14 @@ def parse_txt(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
+def _item(
+    row: dict[str, Any], index: int, path: str, root: str, decimals: int | None = GOLD_DECIMALS
+) -> EvalItem:
     name = get_field(row, "video", "str", path, index).strip()
     caption = get_field(row, "caption", "str", path, index)
     start, end = _interval(get_field(row, "timestamp", "list", path, index), path, index)
+    if decimals is not None:  # float16 parquet columns: 24.296875 is the annotation's 24.3
+        start, end = round(start, decimals), round(end, decimals)
     candidates = [os.path.join(root, name)]
     if not os.path.splitext(name)[1]:
         candidates.insert(0, os.path.join(root, name + ".mp4"))
@@ -89,7 +101,6 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
         id=f"{stem}-{index}",
         video=video,
         question=grounding_prompt(caption),
-        # float16 timestamps (24.296875) are shown rounded; `windows` keeps the exact values.
         answer=f"[{round(start, 2):g}, {round(end, 2):g}]",
         question_type="tvg",
         windows=((start, end),),
@@ -99,12 +110,18 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
     return EvalItem(sample=sample, groups={}, video_missing=missing)
 
 
-def load_charades(annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+def load_charades(
+    annotations: str,
+    video_root: str,
+    limit: int | None = None,
+    decimals: int | None = GOLD_DECIMALS,
+) -> list[EvalItem]:
     is_txt = annotations.endswith(".txt")
     if is_txt and not os.path.isfile(annotations):
         raise FileNotFoundError(f"annotation file not found: {annotations}")
     rows = take(parse_txt(annotations) if is_txt else read_rows(annotations), limit)
-    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root, decimals=decimals)
+    return build_items(enumerate(rows), make, annotations, "Charades-STA")
 
 
 @dataclass(frozen=True)
@@ -126,7 +143,11 @@ class CharadesBenchmark:
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
     ) -> dict[str, float]:
-        return summarize(items, scores, METRIC_NAMES)
+        metric = GroundingMetric()
+        metric.update(torch.tensor([float(s["iou"]) for s in scores], dtype=torch.float64))
+        metrics = summarize(items, scores, {})
+        metrics.update(metric.compute())
+        return metrics
 
 
 def charades() -> CharadesBenchmark:

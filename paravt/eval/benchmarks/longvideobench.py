@@ -12,12 +12,14 @@ This module deliberately does not read the subtitles (the ParaVT protocol evalua
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     get_field,
     mcq_prompt,
     read_rows,
@@ -85,7 +87,8 @@ def load_longvideobench(
     annotations: str, video_root: str, limit: int | None = None
 ) -> list[EvalItem]:
     rows = take(read_rows(annotations), limit)
-    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root)
+    return build_items(enumerate(rows), make, annotations, "LongVideoBench")
 
 
 def longvideobench() -> MultipleChoiceBenchmark:

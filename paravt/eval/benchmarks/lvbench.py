@@ -5,7 +5,9 @@ Flat rows: key (YouTube id), type, uid, video_path, question (options INLINE as
 The official meta file nests {key, type, qa: [{uid, question, answer, question_type,
 time_reference}], video_info}; both are read. The options are parsed out of the question and
 lettered once by `mcq_prompt`. Videos: `{video_root}/{video_path}` when the row has one, then
-`{video_root}/{key}.mp4` (inferred: the release ships videos named by key).
+`{video_root}/{key}.mp4`, then `{video_root}/{key}_clean.mp4`. The official download
+script (yt-dlp by YouTube id) names files `{key}.mp4`; its post-processing step writes
+`{key}_clean.mp4` (video without the audio/subtitle streams), which some copies keep instead.
 
 This module deliberately does not use time_reference (it is not an input of the protocol).
 """
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from typing import Any
 
 from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     check_gold,
     get_field,
     mcq_prompt,
@@ -67,7 +71,7 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
     labels = get_field(row, "question_type", "list", path, index)
     if not labels or not all(isinstance(x, str) and x.strip() for x in labels):
         raise AnnotationError(path, index, "question_type", f"expected labels, got {labels!r}")
-    candidates = [os.path.join(root, f"{key}.mp4")]
+    candidates = [os.path.join(root, f"{key}{suffix}.mp4") for suffix in ("", "_clean")]
     if isinstance(row.get("video_path"), str) and row["video_path"].strip():
         candidates.insert(0, os.path.join(root, row["video_path"]))
     video, missing = resolve_video(candidates)
@@ -89,7 +93,8 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
 
 def load_lvbench(annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
     rows = take(flatten(read_rows(annotations)), limit)
-    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root)
+    return build_items(enumerate(rows), make, annotations, "LVBench")
 
 
 def lvbench() -> MultipleChoiceBenchmark:

@@ -1,12 +1,20 @@
-"""MLVU (dev, multiple-choice): the HF `sy1998/MLVU_dev` rows to `EvalItem`s, and M-Avg.
+"""MLVU (dev, multiple-choice): the official per-task JSON files or the flat HF rows, and M-Avg.
 
-Rows: video_name, duration, question (options may be INLINE as "(A) ..."; the stem before them is
-kept), candidates (the option texts), answer, task_type, question_id. `answer` is read as a
-letter when it is one of the options' letters, else as an option's text (compared stripped and
-case-folded): BENCHMARKS.md infers the letter form, and the reference driver matched texts.
-Videos: `{video_root}/{video_name}`, then `{video_root}/{task_type}/{video_name}` (inferred: the
-dev release groups videos in per-task folders). A row without question_id gets
-f"{task_type}-{row index}". The report adds "m_avg", the mean of the per-task accuracies.
+Two layouts are read:
+- the official dev release: one JSON list per task, `1_plotQA.json`, `2_needle.json`,
+  `3_ego.json`, `4_count.json`, `5_order.json`, `6_anomaly_reco.json`, `7_topic_reasoning.json`
+  (pass the folder holding them, or one of them), rows {video, duration, question, candidates,
+  answer (the option TEXT), question_type ("plotQA", "findNeedle", ...)}; videos under
+  `{video_root}/{N}_{task}/{video}`. The task label is the file's (`needle` for
+  `2_needle.json`), so both layouts report the same `task_type` labels. The generation tasks'
+  files (`8_sub_scene.json`, `9_summary.json`) are skipped.
+- the flat HF `sy1998/MLVU_dev` rows: video_name, duration, question, candidates, answer (a
+  letter), task_type, question_id; videos `{video_root}/{video_name}`, then
+  `{video_root}/{task_type}/{video_name}`, then `{video_root}/{N}_{task_type}/{video_name}`.
+`answer` is read as a letter when it is one of the options' letters, else as an option's text
+(compared stripped and case-folded). Inline "(A) ..." options in the question are cut (the stem
+is kept) and the candidates lettered once. A row without question_id gets f"{task}-{row}".
+The report adds "m_avg", the mean of the per-task accuracies (lmms-eval's headline).
 
 This module deliberately does not read MLVU's generation (open-ended) tasks.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from paravt.eval import scoring
@@ -23,6 +32,7 @@ from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     get_field,
     mcq_prompt,
     read_rows,
@@ -53,7 +63,15 @@ def gold_letter(answer: str, options: tuple[str, ...], path: str, index: int) ->
     raise AnnotationError(path, index, "answer", reason)
 
 
-def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
+MCQ_TASKS = ("plotQA", "needle", "ego", "count", "order", "anomaly_reco", "topic_reasoning")
+_TASK_FILE = re.compile(r"^(\d{1,3})_([A-Za-z_]{1,40})\.json$")
+
+
+def _item(
+    row: dict[str, Any], index: int, path: str, root: str, folder: str | None = None
+) -> EvalItem:
+    """One row of either layout; `folder` ("2_needle") is set for the official per-task files."""
+
     def field(name: str, kind: str = "str") -> Any:
         return get_field(row, name, kind, path, index)
 
@@ -61,9 +79,15 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
     if not raw or not all(isinstance(c, str) and c.strip() for c in raw):
         raise AnnotationError(path, index, "candidates", f"expected option texts, got {raw!r}")
     options = tuple(c.strip() for c in raw)
-    task, name = field("task_type"), field("video_name")
+    if folder is not None:
+        task, name = folder.split("_", 1)[1], field("video")
+        places = [os.path.join(root, folder, name), os.path.join(root, name)]
+    else:
+        task, name = field("task_type"), field("video_name")
+        places = [os.path.join(root, name), os.path.join(root, task, name)]
+        places += [os.path.join(root, f"{n}_{task}", name) for n in range(1, 10)]
+    video, missing = resolve_video(places)
     has_id = row.get("question_id") is not None
-    video, missing = resolve_video([os.path.join(root, name), os.path.join(root, task, name)])
     sample = Sample(
         id=str(field("question_id", "id")) if has_id else f"{task}-{index}",
         video=video,
@@ -77,9 +101,41 @@ def _item(row: dict[str, Any], index: int, path: str, root: str) -> EvalItem:
     return EvalItem(sample=sample, groups={"task_type": (task,)}, video_missing=missing)
 
 
+def task_files(annotations: str) -> list[tuple[str, str]]:
+    """[(path, "N_task")] of the official multiple-choice task files in `annotations`."""
+    if os.path.isdir(annotations):
+        names = sorted(os.listdir(annotations))
+        paths = [os.path.join(annotations, n) for n in names]
+    else:
+        paths = [annotations]
+    found = []
+    for path in paths:
+        match = _TASK_FILE.match(os.path.basename(path))
+        if match and match.group(2) in MCQ_TASKS:
+            found.append((path, f"{match.group(1)}_{match.group(2)}"))
+    if os.path.isdir(annotations) and not found:
+        raise FileNotFoundError(
+            f"{annotations}: no MLVU task file (1_plotQA.json ... 7_topic_reasoning.json); "
+            "pass the dev release's json folder, one task file, or the flat parquet"
+        )
+    return found
+
+
 def load_mlvu(annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
-    rows = take(read_rows(annotations), limit)
-    return [_item(r, i, annotations, video_root) for i, r in enumerate(rows)]
+    files = task_files(annotations)
+    if not files:  # the flat layout
+        rows = take(read_rows(annotations), limit)
+        make = partial(_item, path=annotations, root=video_root)
+        return build_items(enumerate(rows), make, annotations, "MLVU (flat rows)")
+    items: list[EvalItem] = []
+    for path, folder in files:
+        left = None if limit is None else limit - len(items)
+        if left is not None and left <= 0:
+            break
+        make = partial(_item, path=path, root=video_root, folder=folder)
+        rows = take(read_rows(path), left)
+        items += build_items(enumerate(rows), make, path, "MLVU (official task json)")
+    return items
 
 
 def m_avg(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -4,9 +4,10 @@ Rows: id, video (a URL ending `/videos/{Subject_Dir}/{n}.mp4`), question_type, m
 {subject, ...}, question, choices (a dict letter -> text), answer (a letter). Only rows whose
 question_type is "multiple-choice" are kept (the reference driver forgot this filter); `limit`
 counts kept rows. Videos: `{video_root}/videos/{Subject_Dir}/{n}.mp4`. The discipline comes from
-the subject folder through `DISCIPLINES` (inferred from the MMVU paper's taxonomy; a folder not in
-it is reported as discipline "other" and the folder name stays visible under "subject"). Pass
-`disciplines=` to `mmvu()` to supply another mapping.
+the video's subject folder through `DISCIPLINES`, the published mapping (lmms-eval's `TASK_MAP`;
+27 folders; Mechanics, Materials_Science, Electromagnetism, Modern_Physics, Thermodynamics and
+Neurobiology are Science). A folder not in it is reported as discipline "other", and the
+folder name stays visible under "subject". Pass `disciplines=` to `mmvu()` for another mapping.
 
 This module deliberately does not score the open-ended part (it needs an LLM judge).
 """
@@ -23,6 +24,7 @@ from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     check_gold,
     get_field,
     mcq_prompt,
@@ -36,43 +38,56 @@ from paravt.types import Sample
 KEPT_QUESTION_TYPE = "multiple-choice"
 _VIDEO_URL = re.compile(r"/videos/([^/]+)/([^/?#]+\.mp4)(?:[?#].*)?$")
 
-_BY_DISCIPLINE = {
-    "Science": ("astronomy", "biology", "chemistry", "geography", "physics"),
-    "Engineering": (
-        "civil engineering",
-        "computer science",
-        "electrical engineering",
-        "electronics and communication",
-        "materials science",
-        "mechanical engineering",
-        "mechanics",
-        "biomedical engineering",
-    ),
-    "Healthcare": (
-        "basic medicine",
-        "clinical medicine",
-        "dentistry",
-        "pharmacy",
-        "preventive medicine",
-    ),
-    "Humanities & Social Science": (
-        "art",
-        "economics",
-        "history",
-        "law",
-        "literature",
-        "management",
-        "music",
-        "sociology",
-    ),
-}
-DISCIPLINES: dict[str, str] = {s: d for d, subjects in _BY_DISCIPLINE.items() for s in subjects}
-"""Normalised subject (lower case, "_" and "-" as spaces) -> discipline."""
-OTHER_DISCIPLINE = "other"
-
 
 def normalise_subject(folder: str) -> str:
     return " ".join(folder.replace("_", " ").replace("-", " ").lower().split())
+
+
+# The subject folders of the release by discipline: the published mapping (lmms-eval's MMVU
+# `TASK_MAP`, facts checked against its task code), e.g. Mechanics, Materials_Science,
+# Electromagnetism and Neurobiology are Science.
+_BY_DISCIPLINE = {
+    "Science": (
+        "Astronomy",
+        "Biology",
+        "Chemistry",
+        "Electromagnetism",
+        "Geography",
+        "Materials_Science",
+        "Mechanics",
+        "Modern_Physics",
+        "Neurobiology",
+        "Thermodynamics",
+    ),
+    "Engineering": (
+        "Biomedical_Engineering",
+        "Civil_Engineering",
+        "Computer_Science",
+        "Electrical_Engineering",
+        "Electronics_and_Communication",
+        "Mechanical_Engineering",
+    ),
+    "Healthcare": (
+        "Basic_Medicine",
+        "Clinical_Medicine",
+        "Dentistry",
+        "Pharmacy",
+        "Preventive_Medicine",
+    ),
+    "Humanities & Social Science": (
+        "Art",
+        "Economics",
+        "History",
+        "Law",
+        "Literature",
+        "Management",
+    ),
+}
+DISCIPLINES: dict[str, str] = {
+    normalise_subject(s): d for d, subjects in _BY_DISCIPLINE.items() for s in subjects
+}
+"""Normalised subject (lower case, "_" and "-" as spaces) -> discipline."""
+OTHER_DISCIPLINE = "other"
 
 
 def video_location(url: str, path: str, index: int) -> tuple[str, str]:
@@ -124,11 +139,19 @@ def load_mmvu(
     disciplines: Mapping[str, str] = DISCIPLINES,
 ) -> list[EvalItem]:
     rows = read_rows(annotations)
-    for index, row in enumerate(rows):
+    # A row without a question_type is kept here so that it is reported as a bad row.
+    kept = [
+        (i, r)
+        for i, r in enumerate(rows)
+        if not isinstance(r.get("question_type"), str) or r["question_type"] == KEPT_QUESTION_TYPE
+    ]
+
+    def make(row: dict[str, Any], index: int) -> EvalItem:
         get_field(row, "question_type", "str", annotations, index)
-    kept = [(i, r) for i, r in enumerate(rows) if r["question_type"] == KEPT_QUESTION_TYPE]
+        return _item(row, index, annotations, video_root, disciplines)
+
     # Row numbers in errors stay those of the file, not of the filtered list.
-    return [_item(r, i, annotations, video_root, disciplines) for i, r in take(kept, limit)]
+    return build_items(take(kept, limit), make, annotations, "MMVU (data/validation.json)")
 
 
 def mmvu(disciplines: Mapping[str, str] | None = None) -> MultipleChoiceBenchmark:

@@ -8,13 +8,21 @@ and put back once by `mcq_prompt`, so an option never reads "A. A. Apples.".
 With subtitles (`videomme_sub`): `{subtitle_root}/{videoID}.srt`. We use ALL subtitle text (the
 reference driver's choice), not only the blocks covering sampled frames (lmms-eval's): the frames
 sampled depend on the runner's frame budget, and the adapter must not. `<font>` and other tags
-are stripped; a video without a subtitle file gets no prefix (about 468 questions in the release).
+are stripped and HTML entities (`&amp;`, `&#39;`) unescaped; a prefix longer than
+`SUBTITLE_WARN_CHARS` is warned about (it may not fit the context). A video without a subtitle
+file gets no prefix (about 468 questions in the release).
+
+Report: accuracy overall and by duration, domain, sub_category and task_type. Unparseable
+answers: paravt counts them wrong; the official Video-MME script leaves them out of the
+denominator (`benchmark.unparseable=exclude` reproduces it).
 
 This module deliberately does not decode video or score (see `base` and `paravt.eval.scoring`).
 """
 
 from __future__ import annotations
 
+import html
+import logging
 import os
 import re
 from functools import partial
@@ -24,6 +32,7 @@ from paravt.eval.benchmarks.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
+    build_items,
     check_gold,
     get_field,
     mcq_prompt,
@@ -36,6 +45,10 @@ from paravt.types import Sample
 
 VIDEO_EXTENSIONS = (".mp4", ".MP4", ".mkv")
 SUBTITLE_PREFIX = "This video's subtitles are listed below:\n{text}\n\n"
+log = logging.getLogger(__name__)
+GROUP_FIELDS = ("duration", "domain", "sub_category", "task_type")
+# ~4 characters per token: a prefix over ~16k tokens leaves little room in a 32k context.
+SUBTITLE_WARN_CHARS = 64_000
 _LETTERED = re.compile(r"^\s*\(?([A-Z])\s*[.):]\s*(.*?)\s*$", re.S)
 _SRT_TIMING = re.compile(r"^\s*\d{1,2}:\d{2}:\d{2}[,.]\d{1,3}\s*-->")
 _TAG = re.compile(r"<[^>]*>")
@@ -63,7 +76,8 @@ def parse_srt(text: str) -> list[str]:
             block_lines = block_lines[1:]
         if block_lines and _SRT_TIMING.match(block_lines[0]):
             block_lines = block_lines[1:]
-        lines += [c for c in (_TAG.sub("", line).strip() for line in block_lines) if c]
+        text_lines = (html.unescape(_TAG.sub("", line)).strip() for line in block_lines)
+        lines += [c for c in text_lines if c]
     return lines
 
 
@@ -76,7 +90,17 @@ def subtitle_prefix(subtitle_root: str | None, video_id: str) -> str:
         return ""
     with open(path, encoding="utf-8", errors="replace") as handle:
         lines = parse_srt(handle.read())
-    return SUBTITLE_PREFIX.format(text="\n".join(lines)) if lines else ""
+    prefix = SUBTITLE_PREFIX.format(text="\n".join(lines)) if lines else ""
+    if len(prefix) > SUBTITLE_WARN_CHARS:
+        log.warning(
+            "%s: all-subtitles prefix is ~%d tokens (%d chars), it may not fit the context "
+            "(protocol agent.max_total_tokens); the official alternative keeps only subtitles at "
+            "sampled frames (lmms-eval), not implemented here yet",
+            path,
+            len(prefix) // 4,
+            len(prefix),
+        )
+    return prefix
 
 
 def _item(row: dict[str, Any], index: int, path: str, root: str, subs: str | None) -> EvalItem:
@@ -97,7 +121,7 @@ def _item(row: dict[str, Any], index: int, path: str, root: str, subs: str | Non
         data_source="videomme_sub" if subs is not None else "videomme",
         extra={"videoID": video_id, "has_subtitles": bool(prefix)},
     )
-    groups = {key: (field(key),) for key in ("duration", "domain", "task_type")}
+    groups = {key: (field(key),) for key in GROUP_FIELDS}
     return EvalItem(sample=sample, groups=groups, video_missing=missing)
 
 
@@ -105,7 +129,8 @@ def load_videomme(
     annotations: str, video_root: str, limit: int | None = None, subtitle_root: str | None = None
 ) -> list[EvalItem]:
     rows = take(read_rows(annotations), limit)
-    return [_item(r, i, annotations, video_root, subtitle_root) for i, r in enumerate(rows)]
+    make = partial(_item, path=annotations, root=video_root, subs=subtitle_root)
+    return build_items(enumerate(rows), make, annotations, "Video-MME")
 
 
 def videomme() -> MultipleChoiceBenchmark:

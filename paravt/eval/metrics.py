@@ -1,0 +1,116 @@
+"""Benchmark metrics as `torchmetrics.Metric`s, so that they reduce across ranks the standard way.
+
+`CategoryMean` is accuracy overall and per category (any per-item score in [0, 1]: a letter
+match, a needle IoU): its states are sums and counts (`dist_reduce_fx="sum"`), so the mean over
+all ranks is exact whatever the shards. Categories are fixed at construction (every rank must
+build the metric with the same list: derive it from the whole split, not the shard); an item
+counts in every category it belongs to (LVBench's question types are multi-label). An item with
+weight 0 stays out of every denominator (the "exclude" unparseable-answer policy).
+
+`GroundingMetric` is temporal grounding: mIoU and R@{0.3, 0.5, 0.7} (the share of items with
+IoU >= threshold), from sums of IoUs and of hits.
+
+Both are used by `paravt.eval.benchmarks` reports (hence by `evaluate.py`) and by the
+`BenchmarkValidation` callback during training. This module deliberately does not score answers
+(see `paravt.eval.scoring`) nor know any benchmark's schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchmetrics import Metric
+
+from paravt.eval.scoring import RECALL_THRESHOLDS
+
+
+class CategoryMean(Metric):
+    """Mean of per-item scores overall and per category; compute() -> {"overall": m, cat: m}."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, categories: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(**kwargs)
+        if len(set(categories)) != len(categories):
+            raise ValueError(f"CategoryMean: categories must be distinct, got {list(categories)}")
+        self.categories = tuple(categories)
+        self._index = {name: i for i, name in enumerate(self.categories)}
+        zeros = torch.zeros(len(self.categories), dtype=torch.float64)
+        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("sums", zeros.clone(), dist_reduce_fx="sum")
+        self.add_state("counts", zeros.clone(), dist_reduce_fx="sum")
+
+    def membership(self, labels: Sequence[Sequence[str]]) -> torch.Tensor:
+        """[N, C] 0/1 matrix of the items' categories; an unknown category is an error."""
+        out = torch.zeros(len(labels), len(self.categories), dtype=torch.float64)
+        for row, names in enumerate(labels):
+            for name in names:
+                if name not in self._index:
+                    raise ValueError(
+                        f"CategoryMean: category {name!r} was not declared; build the metric "
+                        "with the categories of the whole split"
+                    )
+                out[row, self._index[name]] = 1.0
+        return out
+
+    def update(
+        self,
+        scores: torch.Tensor,  # [N] per-item scores
+        labels: Sequence[Sequence[str]] = (),  # N lists of category names (or empty)
+        weights: torch.Tensor | None = None,  # [N] 1 counts the item, 0 leaves it out
+    ) -> None:
+        scores = torch.as_tensor(scores, dtype=torch.float64, device=self.total.device)
+        n = scores.shape[0]
+        weights = (
+            torch.ones(n, dtype=torch.float64, device=scores.device)
+            if weights is None
+            else torch.as_tensor(weights, dtype=torch.float64, device=scores.device)
+        )
+        self.total += (scores * weights).sum()
+        self.count += weights.sum()
+        if self.categories and n:
+            member = self.membership(labels if labels else [()] * n).to(scores.device)  # [N, C]
+            self.sums += ((scores * weights)[:, None] * member).sum(0)
+            self.counts += (weights[:, None] * member).sum(0)
+
+    def compute(self) -> dict[str, float]:
+        overall = (self.total / self.count).item() if self.count > 0 else 0.0
+        means = torch.where(self.counts > 0, self.sums / self.counts.clamp(min=1), 0.0)
+        return {"overall": overall, **dict(zip(self.categories, means.tolist(), strict=True))}
+
+    def counted(self) -> dict[str, float]:
+        """Items counted overall and per category (after reduction when called after compute)."""
+        per = dict(zip(self.categories, self.counts.tolist(), strict=True))
+        return {"overall": self.count.item(), **per}
+
+
+class GroundingMetric(Metric):
+    """mIoU and R@threshold over per-item IoUs; compute() -> {"miou": m, "r@0.3": r, ...}."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, thresholds: Sequence[float] = RECALL_THRESHOLDS, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.thresholds = tuple(float(t) for t in thresholds)
+        self.add_state("iou_sum", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        hits = torch.zeros(len(self.thresholds), dtype=torch.float64)
+        self.add_state("hits", hits, dist_reduce_fx="sum")
+
+    def update(self, ious: torch.Tensor) -> None:  # ious: [N] in [0, 1]
+        ious = torch.as_tensor(ious, dtype=torch.float64, device=self.iou_sum.device)
+        self.iou_sum += ious.sum()
+        self.count += ious.numel()
+        limits = torch.tensor(self.thresholds, dtype=torch.float64, device=ious.device)
+        self.hits += (ious[:, None] >= limits[None, :]).to(torch.float64).sum(0)
+
+    def compute(self) -> dict[str, float]:
+        n = self.count.item()
+        recall = (self.hits / n).tolist() if n else [0.0] * len(self.thresholds)
+        out = {"miou": self.iou_sum.item() / n if n else 0.0}
+        out.update({f"r@{t:g}": r for t, r in zip(self.thresholds, recall, strict=True)})
+        return out

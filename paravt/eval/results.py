@@ -1,0 +1,154 @@
+"""What an evaluation run writes: the predictions file, the run identity, the results files.
+
+- `predictions.jsonl`: one JSON line per item, appended and fsync'ed after every batch. A kill
+  mid-append leaves a truncated last line: `read_predictions` cuts it (with a warning) so the
+  resumed run re-runs that item; a line id seen twice keeps the first (never double-counted).
+- `run_config.json`: the run identity (benchmark, model path, annotation file, engine, mode,
+  protocol). Resuming into an out_dir written under another identity is refused with a message
+  naming what changed, so a second model never inherits the first one's predictions.
+- `metrics.json` ({"run": identity, "metrics": {...}, "problems": [...]}) and `results.md` (the
+  same header, the metrics table and the list of missing / undecodable videos and bad rows).
+
+This module deliberately does not run a model or score answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+RESULTS = "results.md"
+RUN_CONFIG = "run_config.json"
+COUNTS = ("num_samples", "missing_videos", "video_errors", "bad_rows", "unparseable", "excluded")
+
+
+def read_predictions(path: str) -> dict[str, dict[str, Any]]:
+    """Records by id; a truncated last line is cut from the file (with a warning) so appends
+    stay valid; a broken line before the last one is an error naming the line."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    records: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for number, line in enumerate(lines, start=1):
+        last = number == len(lines)
+        try:
+            if line.strip():
+                record = json.loads(line)
+                records.setdefault(str(record["id"]), record)
+        except (ValueError, KeyError, TypeError) as error:
+            if not (last or (number == len(lines) - 1 and not lines[-1])):
+                raise ValueError(
+                    f"{path}: line {number} is not a prediction record ({error}); "
+                    "delete that line (or the file) and run again"
+                ) from error
+            log.warning("%s: ignoring a truncated last line (%d bytes)", path, len(line))
+            with open(path, "r+b") as handle:
+                handle.truncate(offset)
+            return records
+        offset += len(line) + 1
+    if lines[-1].strip():  # a complete last record whose newline was not written yet
+        with open(path, "ab") as handle:
+            handle.write(b"\n")
+    return records
+
+
+def append_predictions(path: str, records: Sequence[Mapping[str, Any]]) -> None:
+    """Append records as JSON lines in one write and push them to disk."""
+    if not records:
+        return
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def check_run_identity(out_dir: str, identity: Mapping[str, Any]) -> None:
+    """Record `identity` in out_dir, or refuse when out_dir was written under another one."""
+    path = os.path.join(out_dir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(dict(identity), handle, indent=2, sort_keys=True)
+        return
+    with open(path, encoding="utf-8") as handle:
+        before = json.load(handle)
+    changed = [_change(k, before.get(k), identity.get(k)) for k in sorted(before | identity)]
+    changed = [c for c in changed if c]
+    if changed:
+        raise ValueError(
+            f"{out_dir} holds predictions of another run ({'; '.join(changed)}); resuming would "
+            "mix them: use a new out_dir (or leave out_dir unset) or delete the old one"
+        )
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    if old == new:
+        return ""
+    if isinstance(old, dict) and isinstance(new, dict):
+        inner = [_change(f"{key}.{k}", old.get(k), new.get(k)) for k in sorted(old | new)]
+        return "; ".join(c for c in inner if c)
+    return f"{key}: {old!r} then, {new!r} now"
+
+
+def problems(records: Sequence[Mapping[str, Any]], bad_rows: Sequence[str]) -> list[str]:
+    """One line per missing video, undecodable video and skipped annotation row."""
+    out = [f"bad row: {reason}" for reason in bad_rows]
+    for r in records:
+        if r.get("video_missing"):
+            out.append(f"missing video: {r['id']}: {r.get('video', '')}")
+        elif r.get("error"):
+            out.append(f"undecodable video: {r['id']}: {r['error']}")
+    return out
+
+
+def format_value(key: str, value: float) -> str:
+    """Fractions as percentages with one decimal; counts and call rates as plain numbers."""
+    if key.rsplit("/", 1)[-1] in COUNTS or key.endswith("tool_calls_per_sample"):
+        return f"{value:g}"
+    return f"{100 * value:.1f}"
+
+
+def format_metrics(name: str, metrics: Mapping[str, float]) -> str:
+    """A two-column plain-text table of `metrics`, fractions shown as percentages."""
+    width = max([len(k) for k in metrics] + [6])
+    lines = [f"== {name} ==", f"{'metric':<{width}}  value"]
+    lines += [f"{k:<{width}}  {format_value(k, metrics[k])}" for k in sorted(metrics)]
+    return "\n".join(lines)
+
+
+def markdown_header(identity: Mapping[str, Any]) -> list[str]:
+    protocol = json.dumps(identity.get("protocol", {}), sort_keys=True)
+    keys = ("benchmark", "model", "annotations", "engine", "mode")
+    return [f"- {k}: `{identity.get(k, '')}`" for k in keys] + [f"- protocol: `{protocol}`"]
+
+
+def write_results(
+    out_dir: str,
+    identity: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    issues: Sequence[str],
+) -> None:
+    """metrics.json and results.md: header (identity), metrics, problems."""
+    payload = {"run": dict(identity), "metrics": dict(metrics), "problems": list(issues)}
+    with open(os.path.join(out_dir, METRICS), "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+    lines = [f"# {identity.get('benchmark', '')} ({identity.get('mode', '')})", ""]
+    lines += [*markdown_header(identity), "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {format_value(k, metrics[k])} |" for k in sorted(metrics)]
+    if issues:
+        lines += ["", f"## Problems ({len(issues)})", ""] + [f"- {p}" for p in issues]
+    with open(os.path.join(out_dir, RESULTS), "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def load_metrics(out_dir: str) -> dict[str, Any]:
+    with open(os.path.join(out_dir, METRICS), encoding="utf-8") as handle:
+        return json.load(handle)
