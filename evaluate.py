@@ -29,7 +29,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import load_policy
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.factory import build_engine
     from paravt.video.reader import VideoReader
 
     protocol = instantiate(cfg.protocol)
@@ -40,7 +40,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     items = benchmark.load(spec.annotations, spec.video_root, cfg.limit)
     model, processor = load_policy(instantiate(cfg.model))
     model.eval().to(pick_device(cfg.device))
-    engine = TransformersEngine(model, processor.tokenizer)
+    engine = build_engine(instantiate(cfg.engine), model, processor, model_path=cfg.model.path)
     with VideoReader() as source, torch.no_grad():
         loop = build_agent_loop(
             engine,

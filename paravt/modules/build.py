@@ -54,7 +54,8 @@ def build_run(cfg: DictConfig) -> Run:
         warnings.filterwarnings("ignore", message=pattern)
     pl.seed_everything(cfg.seed, workers=True)
     # The DataModule generates the rollouts: it gets the rollout group (agent, crop, engine).
-    datamodule = instantiate(cfg.data, rollout=instantiate(cfg.rollout))
+    # (a partial: kwargs given to `instantiate` would be turned back into plain config dicts)
+    datamodule = instantiate(cfg.data, _partial_=True)(rollout=instantiate(cfg.rollout))
     logger = instantiate(cfg.logger)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
     return Run(trainer=trainer, module=build_module(cfg), datamodule=datamodule)

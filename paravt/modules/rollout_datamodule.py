@@ -105,7 +105,7 @@ class RolloutDataModule(PromptDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, PromptBatch):
-            return self.generate(batch, self.trainer.lightning_module)
+            return self.generate_rollouts(batch, self.trainer.lightning_module)
         return batch
 
     # ---- generation -------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class RolloutDataModule(PromptDataModule):
             return [self.rollout.default_budget] * len(samples)
         return [int(self.budget_sampler(s.id, epoch)) for s in samples]
 
-    def generate(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
+    def generate_rollouts(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
         """The B x G trajectories of `batch`, sampled with the weights the contract allows."""
         agent = self.connect(module)
         sync_s = self.sync(module, self.rollout.max_staleness)
