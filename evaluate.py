@@ -40,7 +40,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     items = benchmark.load(spec.annotations, spec.video_root, cfg.limit)
     model, processor = load_policy(instantiate(cfg.model))
     model.eval().to(pick_device(cfg.device))
-    engine = build_engine(instantiate(cfg.engine), model, processor, model_path=cfg.model.path)
+    engine = build_engine(
+        instantiate(cfg.rollout.engine), model, processor, model_path=cfg.model.path
+    )
     with VideoReader() as source, torch.no_grad():
         loop = build_agent_loop(
             engine,

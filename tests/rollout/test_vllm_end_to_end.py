@@ -76,7 +76,7 @@ def test_evaluate_with_vllm_equals_the_transformers_engine(caller_ckpt, needle_d
         _run(
             "evaluate.py",
             [
-                f"engine={engine}",
+                f"rollout/engine={engine}",
                 "benchmark=needle",
                 f"model.path={caller_ckpt}",
                 "model.build_tiny=null",
@@ -88,7 +88,7 @@ def test_evaluate_with_vllm_equals_the_transformers_engine(caller_ckpt, needle_d
                 "protocol.max_new_tokens=160",
                 "protocol.max_total_tokens=4096",
                 "protocol.batch_size=2",
-                *(["engine.max_model_len=4608"] if engine == "vllm" else []),
+                *(["rollout.engine.max_model_len=4608"] if engine == "vllm" else []),
             ],
         )
         records = [json.loads(x) for x in (out / PREDICTIONS).read_text().splitlines()]
