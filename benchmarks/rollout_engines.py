@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds, tokens = _time(loop, samples, args)
             rows[name] = (start, seconds, tokens)
     n = args.prompts * args.group
-    print(f"{args.prompts} prompts x G={args.group} rollouts ({n}), <= {args.rounds} tool rounds, ")
+    print(f"{args.prompts} prompts x G={args.group} rollouts ({n}), <= {args.rounds} tool rounds,")
     print(f"{args.new_tokens} new tokens per turn, model {args.model or 'tiny Qwen3-VL'}")
     print("engine   start s   rollout s   sampled tokens   tokens/s")
     for name, (start, seconds, tokens) in rows.items():
