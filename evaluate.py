@@ -2,7 +2,7 @@
 
 Thin on purpose: Hydra composes conf/eval.yaml (the model, the benchmark, training's agent/crop
 settings from conf/rollout and a dispatch-mode preset from conf/mode), this file checks the paths,
-loads the policy, builds the engine (`make_engine`, the one place that knows engines) and the
+loads the policy, builds the engine (`paravt.rollout.build_engine`, as training does: `rollout/engine=hf|vllm`) and the
 agent loop for the benchmark's forced-answer message, and hands over to
 `paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under `out_dir`,
 resuming a killed run of the same model, annotations, engine and protocol). Bad input stops with
@@ -72,7 +72,7 @@ def run_identity(cfg: DictConfig, protocol: EvalConfig) -> dict:
         "benchmark": cfg.benchmark.name,
         "model": os.path.abspath(os.path.expanduser(cfg.model.path)),
         "annotations": os.path.abspath(cfg.benchmark.annotations),
-        "engine": cfg.engine,
+        "engine": cfg.rollout.engine.name,
         "mode": cfg.mode.name,
         "protocol": protocol.identity(),
     }
@@ -83,15 +83,6 @@ def default_out_dir(identity: dict) -> str:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(identity["model"].rstrip("/")))
     return os.path.join("runs", "eval", identity["benchmark"], identity["mode"], f"{name}-{digest}")
-
-
-def make_engine(name: str, model, processor):
-    """The rollout engine `name` for the loaded policy (the one place engines are built)."""
-    if name != "hf":
-        raise ValueError(f"engine={name!r} is not available in evaluate.py yet; use engine=hf")
-    from paravt.rollout.hf import TransformersEngine
-
-    return TransformersEngine(model, processor.tokenizer)
 
 
 def load_items(cfg: DictConfig, benchmark):
@@ -110,6 +101,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import load_policy
+    from paravt.rollout.factory import build_engine
     from paravt.video.reader import VideoReader
 
     policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
@@ -123,7 +115,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     out_dir = cfg.out_dir or default_out_dir(identity)
     model, processor = load_policy(policy)
     model.eval().to(pick_device(cfg.device))
-    engine = make_engine(cfg.engine, model, processor)
+    engine = build_engine(
+        instantiate(cfg.rollout.engine), model, processor, model_path=cfg.model.path
+    )
     with VideoReader() as source, torch.no_grad():
         max_tokens = getattr(benchmark, "forced_answer_max_tokens", None)
         loop = build_agent_loop(

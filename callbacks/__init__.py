@@ -7,17 +7,17 @@
 
 What a module must provide (each callback checks only what it uses, in `setup` or when it
 first reads it, and names the missing piece):
-- `pl_module.last_rollout: callbacks.records.RolloutRecord | None`, None in `__init__` and set at
-  the end of every `training_step`: the step's N = B * G trajectories and rewards, group-major
-  (the G rollouts of prompt b are contiguous), with each prompt's frame budget, ground-truth
-  windows and video duration (FrameBudgetRandomization, RolloutLogger).
-- `pl_module.reward_weights: paravt.rewards.compose.RewardWeights` (frozen; the curriculum sets
-  a new one with dataclasses.replace) and `pl_module.anchor_coef: float`, the structural-token
-  anchor coefficient, both read inside `training_step` (FormatAnchorCurriculum).
-- `trainer.datamodule.budget_sampler`: an attribute the DataModule calls as
-  `budget_sampler(prompt_id: str, epoch: int) -> int` for every prompt when it builds a batch
-  (not in its `setup`, which Lightning runs before the callbacks'); FrameBudgetRandomization
-  replaces it.
+- `pl_module.last_rollout: paravt.rollout.records.RolloutRecord | None`, None in `__init__` and
+  set at the end of every `training_step`: the step's N = B * G trajectories and rewards,
+  group-major (the G rollouts of prompt b are contiguous), with each prompt's frame budget,
+  ground-truth windows and video duration (FrameBudgetRandomization, RolloutLogger).
+- `FormatAnchorCurriculum`: the module implements `format_anchor.FormatWeighted`
+  (`set_format_weight(w)`) and/or `format_anchor.AnchorWeighted` (`set_anchor_coef(c)`), for
+  the schedules configured; checked in `setup`.
+- `FrameBudgetRandomization`: the DataModule implements `frame_budget.BudgetSink`
+  (`set_budget_sampler(sampler)`) and calls `sampler(prompt_id: str, epoch: int) -> int` for
+  every prompt when it builds a batch (not in its `setup`, which Lightning runs before the
+  callbacks'); checked in `setup`.
 - `pl_module.evaluate_agent(samples, greedy=True) -> list[Trajectory]` (one per sample, in order)
   and `pl_module.score(trajectory, sample) -> RewardBreakdown` (BenchmarkValidation).
 

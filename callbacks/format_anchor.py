@@ -2,11 +2,13 @@
 
 Before every training batch the callback sets, from the optimizer step (`trainer.global_step`,
 the number of completed optimizer steps: 0 for the first batch, and advancing by k per batch
-when the module steps its optimizer k times per batch):
-- `pl_module.reward_weights.format_weight`, the weight w_fmt of the string-level format reward R_fmt
-  (RewardWeights is frozen, so a new one is built with dataclasses.replace), and
-- `pl_module.anchor_coef`, the coefficient of the structural-token log-prob anchor term,
-and logs both under `curriculum/`. A schedule left as None leaves its coefficient alone.
+when the module steps its optimizer k times per batch), through the module's Protocols:
+- `pl_module.set_format_weight(w)` (`FormatWeighted`): the weight w_fmt of the string-level
+  format reward R_fmt, and
+- `pl_module.set_anchor_coef(c)` (`AnchorWeighted`): the coefficient of the structural-token
+  log-prob anchor term,
+and logs both under `curriculum/`. A schedule left as None leaves its coefficient alone; the
+module needs only the Protocol of the schedules it has.
 
 The module must compute the step's rewards inside `training_step` (after `on_train_batch_start`)
 for the new weight to apply to that same step. This file deliberately holds no schedule maths
@@ -16,22 +18,28 @@ for the new weight to apply to that same step. This file deliberately holds no s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 
 from callbacks.schedules import check_schedule, schedule_value
-from paravt.rewards.compose import RewardWeights
 
-# The RewardWeights field that holds w_fmt; checked in setup so that a rename fails loudly.
-FORMAT_FIELD = "format_weight"
 FORMAT_KEY = "curriculum/format_weight"
 ANCHOR_KEY = "curriculum/anchor_coef"
 
 
-def _field_names(weights: RewardWeights) -> set[str]:
-    return {f.name for f in fields(weights)}
+@runtime_checkable
+class FormatWeighted(Protocol):
+    """A module whose format-reward weight w_fmt can be set between steps."""
+
+    def set_format_weight(self, weight: float) -> None: ...
+
+
+@runtime_checkable
+class AnchorWeighted(Protocol):
+    """A module whose structural-token anchor coefficient can be set between steps."""
+
+    def set_anchor_coef(self, coef: float) -> None: ...
 
 
 class FormatAnchorCurriculum(pl.Callback):
@@ -69,32 +77,24 @@ class FormatAnchorCurriculum(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         name = type(pl_module).__name__
-        weights = getattr(pl_module, "reward_weights", None)
-        if self.format_schedule is not None and not isinstance(weights, RewardWeights):
-            raise AttributeError(
-                f"FormatAnchorCurriculum: format_schedule needs {name}.reward_weights to be a "
-                f"paravt.rewards.compose.RewardWeights, got {type(weights).__name__}; set it in "
-                "__init__ or drop format_schedule"
-            )
-        if self.format_schedule is not None and FORMAT_FIELD not in _field_names(weights):
-            raise AttributeError(
-                f"FormatAnchorCurriculum: RewardWeights has no field {FORMAT_FIELD!r} (fields: "
-                f"{sorted(_field_names(weights))}); update callbacks.format_anchor.FORMAT_FIELD"
-            )
-        if self.anchor_schedule is not None and not hasattr(pl_module, "anchor_coef"):
-            raise AttributeError(
-                f"FormatAnchorCurriculum: anchor_schedule needs {name}.anchor_coef (a float, the "
-                "structural-token anchor coefficient); set it in __init__ or drop anchor_schedule"
-            )
+        needs = (
+            (self.format_schedule, FormatWeighted, "set_format_weight(weight)", "format_schedule"),
+            (self.anchor_schedule, AnchorWeighted, "set_anchor_coef(coef)", "anchor_schedule"),
+        )
+        for schedule, protocol, method, key in needs:
+            if schedule is not None and not isinstance(pl_module, protocol):
+                raise TypeError(
+                    f"FormatAnchorCurriculum: {key} needs {name} to implement "
+                    f"callbacks.format_anchor.{protocol.__name__} (a method `{method}` that the "
+                    f"step reads from then on); add it or drop {key}"
+                )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
         values = self.values_at(trainer.global_step)
         if FORMAT_KEY in values:
-            pl_module.reward_weights = replace(
-                pl_module.reward_weights, **{FORMAT_FIELD: values[FORMAT_KEY]}
-            )
+            pl_module.set_format_weight(values[FORMAT_KEY])
         if ANCHOR_KEY in values:
-            pl_module.anchor_coef = values[ANCHOR_KEY]
+            pl_module.set_anchor_coef(values[ANCHOR_KEY])
         pl_module.log_dict(values, batch_size=1)

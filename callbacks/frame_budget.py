@@ -1,25 +1,36 @@
 """Frame-budget randomisation as a Lightning callback (PARAVT section 4 (ii), "nFrames gating").
 
-In `setup` the callback installs a deterministic `FrameBudgetSampler` as the DataModule's
-`budget_sampler`, so every prompt's overview budget K comes from the prompt's identity, the epoch
-and the seed (all G rollouts of a group share it). After every training batch it logs, per budget,
-the gate ratio (the share of groups where tool-using rollouts out-scored tool-free ones), the
-number of groups where that is undefined (only one side present), and the mean budget.
+In `setup` the callback hands a deterministic `FrameBudgetSampler` to the DataModule through the
+`BudgetSink` Protocol (`set_budget_sampler`), so every prompt's overview budget K comes from the
+prompt's identity, the epoch and the seed (all G rollouts of a group share it). After every
+training batch it logs, per budget, the gate ratio (the share of groups where tool-using
+rollouts out-scored tool-free ones), the number of groups where that is undefined (only one side
+present), and the mean budget.
 
-The DataModule must call `budget_sampler(prompt_id, epoch)` when it builds a batch, not in its own
-`setup`: Lightning runs the DataModule's `setup` before the callbacks' `setup`. This module
+The DataModule must call the sampler as `sampler(prompt_id, epoch)` when it builds a batch, not in
+its own `setup`: Lightning runs the DataModule's `setup` before the callbacks' `setup`. This module
 deliberately does not sample frames or decide how K is applied (the DataModule and the agent do).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
 
 from callbacks.records import RolloutRecord, latest_rollout
 from paravt.rl.budget import DEFAULT_BUDGETS, FrameBudgetSampler, GateStat, gate_ratio
+
+
+@runtime_checkable
+class BudgetSink(Protocol):
+    """A DataModule that draws each prompt's frame budget K with a given sampler."""
+
+    def set_budget_sampler(self, sampler: Callable[[str, int], int]) -> None:
+        """Call `sampler(prompt_id, epoch) -> K` for every prompt of every batch from now on."""
+        ...
 
 
 def step_gate_stats(record: RolloutRecord) -> dict[int, GateStat]:
@@ -83,17 +94,17 @@ class FrameBudgetRandomization(pl.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None:
             raise RuntimeError(
-                "FrameBudgetRandomization needs a LightningDataModule with a `budget_sampler` "
-                "attribute; pass it as trainer.fit(model, datamodule=...) instead of bare "
-                "dataloaders"
+                "FrameBudgetRandomization needs a LightningDataModule implementing "
+                "callbacks.frame_budget.BudgetSink; pass it as trainer.fit(model, "
+                "datamodule=...) instead of bare dataloaders"
             )
-        if not hasattr(datamodule, "budget_sampler"):
-            raise AttributeError(
-                f"FrameBudgetRandomization: {type(datamodule).__name__} has no `budget_sampler` "
-                "attribute; give it one (a callable (prompt_id: str, epoch: int) -> int, e.g. "
-                "`self.budget_sampler = lambda prompt_id, epoch: 64`) and call it for every prompt"
+        if not isinstance(datamodule, BudgetSink):
+            raise TypeError(
+                f"FrameBudgetRandomization: {type(datamodule).__name__} does not implement "
+                "callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` and "
+                "call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
             )
-        datamodule.budget_sampler = self.sampler.budget
+        datamodule.set_budget_sampler(self.sampler.budget)
 
     def on_train_batch_end(
         self,

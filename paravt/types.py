@@ -118,11 +118,13 @@ class Visual:
 
     Tensors are kept as produced by the Qwen-VL processor: `pixel_values_videos`
     [patches, C*tp*p*p] and `video_grid_thw` [1, 3]; `second_per_grid_ts` for Qwen2.5-VL.
+    `frames` are the decoded frames they came from (engines that run their own processor, vLLM).
     """
 
     pixel_values_videos: Any  # torch.Tensor
     video_grid_thw: Any  # torch.Tensor [1, 3]
     second_per_grid_ts: float | None = None
+    frames: Frames | None = None
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (default 256)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout engine")
     p.add_argument("--show-tokens", action="store_true", help="decode every mask run")
     return p
 
@@ -252,7 +253,7 @@ def _run(args: argparse.Namespace) -> list[str]:
     from paravt.agent.render import ChatRenderer
     from paravt.rewards.compose import trajectory_reward
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.factory import build_engine
     from paravt.video.reader import VideoError, VideoReader
 
     _check_counts(args)
@@ -273,7 +274,7 @@ def _run(args: argparse.Namespace) -> list[str]:
         sequential=args.sequential,
         max_new_tokens=args.max_new_tokens,
     )
-    engine = TransformersEngine(model, processor.tokenizer)
+    engine = build_engine(args.engine, model, processor, model_path=args.model)
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
     try:
         trajs = loop.run(samples, [args.budget] * len(samples), args.group, params)

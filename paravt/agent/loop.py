@@ -80,7 +80,8 @@ class _State:
         self.visuals += seg.visuals
 
     def request(self) -> GenerationRequest:
-        return GenerationRequest(tuple(self.ids), tuple(self.visuals))
+        name = f"trajectory {self.sample.id}#{self.group_index}"
+        return GenerationRequest(tuple(self.ids), tuple(self.visuals), name)
 
 
 class AgentLoop:

@@ -87,6 +87,7 @@ class ChatRenderer:
                 pixel_values_videos=pixels[i],
                 video_grid_thw=grids[i : i + 1],
                 second_per_grid_ts=None if seconds is None else float(seconds[i]),
+                frames=clips[i],
             )
             for i in range(len(clips))
         )

@@ -1,17 +1,18 @@
-"""RolloutDataModule: prompt batches for RL, in a resumable, deterministic order.
+"""PromptDataModule: prompt batches for RL, in a resumable, deterministic order.
 
-Every training step receives a `PromptBatch` of B samples; the module turns it into B x G
-trajectories with the current weights (generation happens in the LightningModule's step, so the
-loader's prefetch only reads prompts ahead). The order of prompts is a function of (seed, epoch),
-and the number of batches consumed is checkpointed, so a resumed run continues the same sequence
-of prompts with no repeats. Bad rows are reported by `load_samples` and skipped at setup.
-The synthetic needle data is generated on first use when `generate` is given.
+Every training step receives a `PromptBatch` of B samples; `paravt.modules.rollout_datamodule.
+RolloutDataModule` (the glue subclass) turns it into B x G trajectories with the current weights
+right before the step (the loader's prefetch only reads prompts ahead). The order of prompts is
+a function of (seed, epoch), and the number of batches consumed is checkpointed, so a resumed
+run continues the same sequence of prompts with no repeats. Bad rows are reported by
+`load_samples` and skipped at setup. The synthetic needle data is generated on first use when
+`generate` is given.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ class _StepBatches(Dataset):
         return PromptBatch(step=step, epoch=epoch, samples=tuple(picked))
 
 
-class RolloutDataModule(pl.LightningDataModule):
+class PromptDataModule(pl.LightningDataModule):
     """Loads RL prompts (ParaVT or verl layout, parquet or jsonl) and serves `PromptBatch`es."""
 
     def __init__(
@@ -78,7 +79,6 @@ class RolloutDataModule(pl.LightningDataModule):
         self.batch_size, self.max_steps = batch_size, max_steps
         self.seed, self.shuffle, self.layout = seed, shuffle, layout
         self.generate = dict(generate) if generate else None
-        self.budget_sampler: Callable[[str, int], int] | None = None
         self.consumed = 0
         self.train_samples: list[Sample] = []
         self.eval_samples: list[Sample] = []

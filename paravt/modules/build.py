@@ -39,7 +39,6 @@ def build_module(cfg: DictConfig):
 
     return GRPOModule(
         model=instantiate(cfg.model),
-        rollout=instantiate(cfg.rollout),
         algorithm=instantiate(cfg.algorithm),
         reward=instantiate(cfg.reward),
         optimizer=instantiate(cfg.optimizer),
@@ -54,7 +53,9 @@ def build_run(cfg: DictConfig) -> Run:
     for pattern in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     pl.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.data)
+    # The DataModule generates the rollouts: it gets the rollout group (agent, crop, engine).
+    # (a partial: kwargs given to `instantiate` would be turned back into plain config dicts)
+    datamodule = instantiate(cfg.data, _partial_=True)(rollout=instantiate(cfg.rollout))
     logger = instantiate(cfg.logger)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
     return Run(trainer=trainer, module=build_module(cfg), datamodule=datamodule)
@@ -68,8 +69,12 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
-    losses = cold_start(run.module, run.datamodule.train_samples, instantiate(cfg.cold_start))
+    agent = run.datamodule.connect(run.module)
+    samples = run.datamodule.train_samples
+    losses = cold_start(run.module, samples, instantiate(cfg.cold_start), agent=agent)
     run.module.cold_start_losses = losses
+    # An engine with its own weights (vLLM, or a stale-allowed copy) must see the new policy.
+    run.datamodule.engine.sync_weights(run.module.policy, run.module.policy_version)
     return losses
 
 

@@ -40,9 +40,12 @@ def teacher_trajectories(agent: AgentLoop, samples: Sequence[Sample], cfg: ColdS
     return teacher.run(samples, budgets, 1, SamplingParams(greedy=True))
 
 
-def cold_start(module, samples: Sequence[Sample], cfg: ColdStartConfig) -> list[float]:
-    """Fit `module.policy` to the teacher's trajectories; returns the loss of every step."""
-    trajs = teacher_trajectories(module.agent, samples, cfg)
+def cold_start(
+    module, samples: Sequence[Sample], cfg: ColdStartConfig, agent: AgentLoop
+) -> list[float]:
+    """Fit `module.policy` to the teacher's trajectories (rendered and cropped by `agent`'s
+    renderer, reader and tools); returns the loss of every step."""
+    trajs = teacher_trajectories(agent, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
     losses = supervised_steps(

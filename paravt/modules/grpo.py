@@ -1,10 +1,10 @@
-"""GRPOModule: the LightningModule of PARA-GRPO (rollout -> reward -> advantage -> update -> sync).
+"""GRPOModule: the LightningModule of PARA-GRPO (reward -> advantage -> update -> record).
 
-Rollouts are generated inside `training_step` with the weights after update t-1 (the engine is
-synced at the start of the step), so Lightning's one-batch prefetch, which only reads prompts,
-cannot make them stale; the engine's weight version is recorded with every batch, and
-`rollout.max_staleness` lets it lag on purpose. Optimisation is manual: PPO epochs x mini-batches
-of optimiser steps, gradients accumulated over micro-batches of a padded-token budget, clipped.
+Each step receives a `RolloutBatch` that the `RolloutDataModule` generated right before it with
+the weights after update t-1 (or up to `rollout.max_staleness` updates older); the engine's
+weight version and the staleness arrive with the batch and are logged. Optimisation is manual:
+PPO epochs x mini-batches of optimiser steps, gradients accumulated over micro-batches of a
+padded-token budget, clipped.
 The arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file sequences it.
 """
 
@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import lightning.pytorch as pl
 import torch
 
-from callbacks.records import RolloutRecord
-from paravt.agent.loop import AgentConfig, AgentLoop
-from paravt.agent.render import ChatRenderer
-from paravt.agent.tools import CropConfig
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
@@ -42,22 +38,8 @@ from paravt.rl.objective import (
     split_even,
     token_budget_chunks,
 )
-from paravt.rollout.engine import SamplingParams
-from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.records import RolloutBatch, RolloutRecord
 from paravt.types import RewardBreakdown, Sample, Trajectory
-from paravt.video.reader import VideoReader
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """Grouped sampling: G rollouts per prompt at `temperature`, with the agent and crop tool."""
-
-    group_size: int = 8
-    temperature: float = 0.7
-    default_budget: int = 8
-    max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    crop: CropConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -86,12 +68,15 @@ class AlgorithmConfig:
 
 
 class GRPOModule(pl.LightningModule):
-    """Policy (+ frozen reference when KL is on), the agent loop and the PARA-GRPO update."""
+    """Policy (+ frozen reference when KL is on) and the PARA-GRPO update of generated batches.
+
+    Implements the DataModule's `RolloutPolicy` (policy, processor, policy_version, model_path)
+    and the callbacks' Protocols (`set_format_weight`, `set_anchor_coef`, `last_rollout`).
+    """
 
     def __init__(
         self,
         model: PolicySpec,
-        rollout: RolloutConfig,
         algorithm: AlgorithmConfig,
         reward: RewardWeights,
         optimizer: Callable,
@@ -100,7 +85,8 @@ class GRPOModule(pl.LightningModule):
     ):
         super().__init__()
         self.automatic_optimization = False
-        self.spec, self.rollout_cfg, self.algo = model, rollout, algorithm
+        self.spec, self.algo = model, algorithm
+        self.model_path: str | None = model.path
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
         self.norm_length = algorithm.norm_length or max_response_tokens(
@@ -117,28 +103,25 @@ class GRPOModule(pl.LightningModule):
         self.token_ids = TokenIds.from_tokenizer(tok)
         # Checked up front (a clear error naming the tag) whenever the anchor can be used.
         self.struct_ids = structural_token_ids(tok, algorithm.anchor_tags)
-        # With staleness allowed the engine samples from its own copy of the weights, synced
-        # only when they would fall more than `max_staleness` updates behind.
-        engine_model = self.policy if rollout.max_staleness == 0 else copy.deepcopy(self.policy)
-        self.engine = TransformersEngine(engine_model, tok)
         self.policy_version = 0  # optimiser updates applied to the policy
-        renderer = ChatRenderer(self.processor)
-        crop = rollout.crop or CropConfig(factor=renderer.frame_factor)
-        self.agent = AgentLoop(self.engine, renderer, VideoReader(), rollout.agent, crop)
         self.last_rollout: RolloutRecord | None = None
-        self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
-        self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
         self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
-        self._staleness = 0
+        self._temperature = 1.0  # the current batch's sampling temperature
         self._reference_kl = 0.0
+
+    # ---- the callbacks' Protocols -----------------------------------------------------------
+    def set_format_weight(self, weight: float) -> None:
+        """w_fmt of the format reward from now on (FormatAnchorCurriculum)."""
+        self.reward_weights = replace(self.reward_weights, format_weight=float(weight))
+
+    def set_anchor_coef(self, coef: float) -> None:
+        """The structural-token anchor coefficient from now on (FormatAnchorCurriculum)."""
+        self.anchor_coef = float(coef)
 
     def reset_reference(self) -> None:
         """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
         if self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
-
-    def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        return batch  # prompts hold no tensors; rollouts are built on the policy's device
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -147,60 +130,37 @@ class GRPOModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": self.scheduler_factory(opt)}
 
     # ---- the step, as phases ----------------------------------------------------------------
-    def training_step(self, batch, batch_idx):
+    def training_step(self, batch: RolloutBatch, batch_idx):
+        if not isinstance(batch, RolloutBatch):
+            raise TypeError(
+                f"GRPOModule.training_step needs a RolloutBatch, got {type(batch).__name__}; "
+                "train with paravt.modules.rollout_datamodule.RolloutDataModule, which generates "
+                "the rollouts of each prompt batch"
+            )
         timer = PhaseTimer()
-        samples, step = list(batch.samples), batch.step
-        budgets = self._budgets(samples, batch.epoch)
-        with timer("sync"):
-            self._sync_engine()
-        with timer("rollout"):
-            trajs = self._rollout(samples, budgets, step)
+        trajs = list(batch.trajectories)
+        self._temperature = batch.temperature
         with timer("reward"):
-            rewards = [self.score(t, s) for t, s in zip(trajs, self._repeat(samples), strict=True)]
+            pairs = zip(trajs, batch.repeated_samples(), strict=True)
+            rewards = [self.score(t, s) for t, s in pairs]
         with timer("logprobs"):
             totals = self._rewards_with_kl(trajs, rewards)
-        adv = compute_advantages(totals.view(len(samples), -1), self.algo.advantage)
+        adv = compute_advantages(totals.view(len(batch.samples), -1), self.algo.advantage)
         with timer("update"):
             formed = [is_well_formed(r) for r in rewards]
             update = self._update(trajs, adv.values, adv.keep, formed)
-        self.last_rollout = self._record(step, trajs, rewards, samples, budgets)
-        if hasattr(self.trainer.datamodule, "on_batch_consumed"):
-            self.trainer.datamodule.on_batch_consumed(batch)
-        metrics = rollout_metrics(trajs, rewards, budgets, self.rollout_cfg.group_size)
+        self.last_rollout = self._record(batch, rewards)
+        metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
-        metrics |= {f"time/rollout_{k}": v for k, v in self.agent.timings.items()}
-        metrics["rollout/staleness"] = float(self._staleness)
+        metrics |= {f"time/{k}": v for k, v in batch.timings.items()}
+        metrics["rollout/staleness"] = float(batch.staleness)
         if self.reference is not None and self.algo.kl_in_reward:
             metrics["kl/reference"] = self._reference_kl
-        metrics["weight_version"] = float(self.rollout_versions[-1][1])
+        metrics["weight_version"] = float(batch.weight_version)
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
-        self.reward_history.append((step, metrics["reward/mean"]))
+        self.reward_history.append((batch.step, metrics["reward/mean"]))
         return None
-
-    def _sync_engine(self) -> None:
-        """Give the engine the current weights when they would otherwise be too stale."""
-        if self.policy_version - self.engine.weight_version > self.rollout_cfg.max_staleness:
-            self.engine.sync_weights(self.policy, self.policy_version)
-
-    def _budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
-        dm = getattr(self.trainer, "datamodule", None)
-        sampler = getattr(dm, "budget_sampler", None)
-        if sampler is None:
-            return [self.rollout_cfg.default_budget] * len(samples)
-        return [int(sampler(s.id, epoch)) for s in samples]
-
-    def _rollout(self, samples, budgets, step: int) -> list[Trajectory]:
-        self.rollout_versions.append((step, self.engine.weight_version))
-        self._staleness = self.policy_version - self.engine.weight_version
-        self.seen_prompts.append((step, tuple(s.id for s in samples)))
-        params = SamplingParams(
-            temperature=self.rollout_cfg.temperature, seed=self.seed * 100_003 + step
-        )
-        return self.agent.run(samples, budgets, self.rollout_cfg.group_size, params)
-
-    def _repeat(self, samples: Sequence[Sample]) -> list[Sample]:
-        return [s for s in samples for _ in range(self.rollout_cfg.group_size)]
 
     def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
         return trajectory_reward(traj, sample, self.reward_weights)
@@ -229,7 +189,7 @@ class GRPOModule(pl.LightningModule):
 
     def _logp(self, model, trajs, logits: bool = False):
         return trajectory_logprobs(
-            model, trajs, self.token_ids, self.rollout_cfg.temperature, return_logits=logits
+            model, trajs, self.token_ids, self._temperature, return_logits=logits
         )
 
     # ---- the update -------------------------------------------------------------------------
@@ -336,22 +296,27 @@ class GRPOModule(pl.LightningModule):
         self.manual_backward(objective)
         return metrics
 
-    def _record(self, step, trajs, rewards, samples, budgets) -> RolloutRecord:
+    def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:
         return RolloutRecord(
-            step=step,
-            trajectories=tuple(trajs),
+            step=batch.step,
+            trajectories=batch.trajectories,
             rewards=tuple(rewards),
-            group_size=self.rollout_cfg.group_size,
-            budgets=tuple(budgets),
-            windows=tuple(s.windows for s in samples),
-            durations=tuple(self.agent.source.info(s.video).duration for s in samples),
+            group_size=batch.group_size,
+            budgets=batch.budgets,
+            windows=tuple(s.windows for s in batch.samples),
+            durations=batch.durations,
         )
 
     # ---- evaluation and export ------------------------------------------------------------
     def evaluate_agent(self, samples: Sequence[Sample], greedy: bool = True) -> list[Trajectory]:
-        budgets = [self.rollout_cfg.default_budget] * len(samples)
-        params = SamplingParams(greedy=greedy, temperature=self.rollout_cfg.temperature)
-        return self.agent.run(samples, budgets, 1, params)
+        """Greedy held-out rollouts with the current weights, by the DataModule's agent."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        if not callable(getattr(datamodule, "evaluate", None)):
+            raise RuntimeError(
+                "GRPOModule.evaluate_agent runs the RolloutDataModule's agent; fit with "
+                "datamodule=RolloutDataModule(...)"
+            )
+        return datamodule.evaluate(self, samples, greedy)
 
     def export_hf(self, path: str) -> None:
         """Write the policy in HF format (loadable by transformers and vLLM) with its processor."""
@@ -368,7 +333,6 @@ class GRPOModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["paravt"] = {
-            "weight_version": self.engine.weight_version,
             "policy_version": self.policy_version,
             "reward_weights": asdict(self.reward_weights),
             "anchor_coef": self.anchor_coef,
@@ -378,8 +342,7 @@ class GRPOModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint) -> None:
         saved = checkpoint.get("paravt", {})
         self.policy_version = saved.get("policy_version", 0)
-        # The engine's own weights are not checkpointed: it restarts from the policy's.
-        self.engine.sync_weights(self.policy, self.policy_version)
+        # The engine's weights are not checkpointed: the DataModule syncs them at the next step.
         if "reward_weights" in saved:
             self.reward_weights = RewardWeights(**saved["reward_weights"])
         self.anchor_coef = saved.get("anchor_coef", self.anchor_coef)

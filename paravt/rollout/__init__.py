@@ -1,0 +1,17 @@
+"""Rollout engines: the contract, the transformers / vLLM / scripted engines and the factory.
+
+`build_engine(cfg, model, processor)` is the one way to make an engine from a config.
+"""
+
+from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
+from paravt.rollout.factory import ENGINES, EngineConfig, build_engine
+
+__all__ = [
+    "ENGINES",
+    "EngineConfig",
+    "GenerationOutput",
+    "GenerationRequest",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_engine",
+]

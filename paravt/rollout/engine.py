@@ -1,4 +1,4 @@
-"""The rollout-engine contract shared by the transformers engine and (later) the vLLM engine.
+"""The rollout-engine contract shared by the transformers engine and the vLLM engine.
 
 An engine turns batched requests (token ids plus the visual inputs their placeholders stand for)
 into sampled continuations with the log-probability of every sampled token. It knows nothing of
@@ -44,10 +44,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A full context to continue: token ids and the video clips of its placeholders, in order."""
+    """A full context to continue: token ids and the video clips of its placeholders, in order.
+
+    `name` (e.g. "sample-id#g") is how errors about this request name it.
+    """
 
     token_ids: tuple[int, ...]
     visuals: tuple[Visual, ...] = ()
+    name: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ EventAccumulator.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -19,7 +20,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from callbacks.format_anchor import FORMAT_FIELD
 from callbacks.records import RolloutRecord
 from paravt.rewards.compose import RewardWeights
 from paravt.types import (
@@ -106,7 +106,7 @@ class ToyModule(pl.LightningModule):
                 "step": self.global_step,
                 "training": self.training,
                 "budgets": list(budgets),
-                "fmt": getattr(self.reward_weights, FORMAT_FIELD),
+                "fmt": self.reward_weights.format_weight,
                 "anchor": self.anchor_coef,
             }
         )
@@ -122,6 +122,12 @@ class ToyModule(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def set_format_weight(self, weight: float) -> None:  # callbacks.format_anchor.FormatWeighted
+        self.reward_weights = replace(self.reward_weights, format_weight=weight)
+
+    def set_anchor_coef(self, coef: float) -> None:  # callbacks.format_anchor.AnchorWeighted
+        self.anchor_coef = coef
 
     def evaluate_agent(self, samples: Sequence[Sample], greedy: bool = True) -> list[Trajectory]:
         """Rollout i of a sample makes `extra["calls"]` tool calls (test data in the file)."""
@@ -152,6 +158,9 @@ class ToyDataModule(pl.LightningDataModule):
         self.ids = list(ids)
         self.batch_size = batch_size
         self.budget_sampler: Callable[[str, int], int] = lambda prompt_id, epoch: 64
+
+    def set_budget_sampler(self, sampler: Callable[[str, int], int]) -> None:  # BudgetSink
+        self.budget_sampler = sampler
 
     def _collate(self, ids: list[str]) -> tuple[list[str], list[int]]:
         epoch = self.trainer.current_epoch

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from callbacks.format_anchor import ANCHOR_KEY, FORMAT_FIELD, FORMAT_KEY, FormatAnchorCurriculum
+from callbacks.format_anchor import ANCHOR_KEY, FORMAT_KEY, FormatAnchorCurriculum
 from paravt.rewards.compose import RewardWeights
 
 LINEAR = {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 2}
@@ -25,7 +25,7 @@ def test_training_step_sees_the_scheduled_values(tmp_path, toy, manual):
         (2, 0.0, 0.25),
     ]
     # Every other reward weight is left as it was.
-    assert module.reward_weights == replace(RewardWeights(), **{FORMAT_FIELD: 0.0})
+    assert module.reward_weights == replace(RewardWeights(), format_weight=0.0)
     events = toy.read_events(log_dir)
     assert toy.scalars(events, FORMAT_KEY) == {0: 1.0, 1: 0.5, 2: 0.0}
     assert toy.scalars(events, ANCHOR_KEY) == {0: 0.0, 1: 0.25, 2: 0.25}
@@ -33,7 +33,7 @@ def test_training_step_sees_the_scheduled_values(tmp_path, toy, manual):
 
 def test_anchor_only_leaves_the_reward_weights_alone(tmp_path, toy):
     module = toy.Module()
-    custom = replace(RewardWeights(), **{FORMAT_FIELD: 0.7})
+    custom = replace(RewardWeights(), format_weight=0.7)
     module.reward_weights = custom
     callback = FormatAnchorCurriculum(anchor_schedule={"kind": "constant", "start": 0.05})
     _, module, log_dir = toy.fit(tmp_path, [callback], module=module)
@@ -64,15 +64,27 @@ def test_bad_schedule_fails_at_construction_and_names_it():
         FormatAnchorCurriculum(anchor_schedule={"kind": "linear", "start": 1.0})
 
 
-def test_module_without_anchor_coef_is_named(tmp_path, toy):
-    module = toy.Module()
-    del module.anchor_coef
-    with pytest.raises(AttributeError, match=r"needs ToyModule\.anchor_coef"):
-        toy.fit(tmp_path, [FormatAnchorCurriculum(anchor_schedule=STEP)], module=module)
+def test_module_without_the_anchor_protocol_is_named(tmp_path, toy):
+    class NoAnchor(toy.Module):
+        set_anchor_coef = None  # not callable: the module does not implement AnchorWeighted
+
+    with pytest.raises(TypeError, match=r"needs NoAnchor to implement .*AnchorWeighted"):
+        toy.fit(tmp_path, [FormatAnchorCurriculum(anchor_schedule=STEP)], module=NoAnchor())
 
 
-def test_module_without_reward_weights_is_named(tmp_path, toy):
-    module = toy.Module()
-    module.reward_weights = {"format_weight": 1.0}
-    with pytest.raises(AttributeError, match="got dict; set it in __init__"):
-        toy.fit(tmp_path, [FormatAnchorCurriculum(format_schedule=LINEAR)], module=module)
+def test_module_without_the_format_protocol_is_named(tmp_path, toy):
+    class NoFormat(toy.Module):
+        set_format_weight = None
+
+    with pytest.raises(TypeError, match=r"format_schedule needs NoFormat .*FormatWeighted"):
+        toy.fit(tmp_path, [FormatAnchorCurriculum(format_schedule=LINEAR)], module=NoFormat())
+
+
+def test_a_module_with_only_the_schedules_protocol_is_enough(tmp_path, toy):
+    class NoFormat(toy.Module):
+        set_format_weight = None
+
+    _, module, _ = toy.fit(
+        tmp_path, [FormatAnchorCurriculum(anchor_schedule=STEP)], module=NoFormat()
+    )
+    assert [s["anchor"] for s in module.seen] == [0.0, 0.25, 0.25]

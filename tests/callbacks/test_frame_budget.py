@@ -161,11 +161,12 @@ def test_needs_a_datamodule(tmp_path, toy):
         trainer.fit(toy.Module(), train_dataloaders=loader)
 
 
-def test_needs_a_budget_sampler_attribute(tmp_path, toy):
-    datamodule = toy.DataModule()
-    del datamodule.budget_sampler
-    with pytest.raises(AttributeError, match="ToyDataModule has no `budget_sampler` attribute"):
-        toy.fit(tmp_path, [FrameBudgetRandomization()], datamodule=datamodule)
+def test_needs_the_budget_sink_protocol(tmp_path, toy):
+    class NoSink(toy.DataModule):
+        set_budget_sampler = None  # not callable: no BudgetSink
+
+    with pytest.raises(TypeError, match=r"NoSink does not implement .*BudgetSink"):
+        toy.fit(tmp_path, [FrameBudgetRandomization()], datamodule=NoSink())
 
 
 def test_needs_last_rollout_on_the_module(tmp_path, toy):

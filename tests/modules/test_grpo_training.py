@@ -112,7 +112,7 @@ def test_two_step_runs_train_the_policy_not_the_vision_tower(
     assert changed and not (changed & visual)
     assert any(k.startswith("model.language_model") or k.startswith("lm_head") for k in changed)
     # Rollouts of step t were generated with the weights after update t-1.
-    assert run.module.rollout_versions == [(0, 0), (1, 1)]
+    assert run.datamodule.rollout_versions == [(0, 0), (1, 1)]
 
 
 @pytest.mark.slow
@@ -164,10 +164,12 @@ def test_a_killed_run_resumes_the_same_prompt_sequence(tmp_path, tiny_qwen3_dir,
         tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4", ckpt_path="last"
     )
     assert rest.trainer.global_step == 4
-    assert first.module.seen_prompts + rest.module.seen_prompts == full.module.seen_prompts
-    assert [s for s, _ in rest.module.rollout_versions] == [2, 3]
+    assert (
+        first.datamodule.seen_prompts + rest.datamodule.seen_prompts == full.datamodule.seen_prompts
+    )
+    assert [s for s, _ in rest.datamodule.rollout_versions] == [2, 3]
     # The resumed engine continues the weight version sequence.
-    assert rest.module.rollout_versions == [(2, 2), (3, 3)]
+    assert rest.datamodule.rollout_versions == [(2, 2), (3, 3)]
 
 
 @pytest.mark.slow
@@ -193,8 +195,8 @@ def test_max_staleness_with_the_decoupled_loss(tmp_path, tiny_qwen3_dir, needle_
         "algorithm.loss=decoupled_ppo",
     )
     # Weights are synced only when they would be more than 1 update old: steps 0, 2.
-    assert run.module.rollout_versions == [(0, 0), (1, 0), (2, 2), (3, 2)]
-    assert run.module.engine.model is not run.module.policy
+    assert run.datamodule.rollout_versions == [(0, 0), (1, 0), (2, 2), (3, 2)]
+    assert run.datamodule.engine.model is not run.module.policy
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     staleness = [e.value for e in acc.Scalars("rollout/staleness")]
@@ -260,7 +262,7 @@ def test_dropping_every_group_still_advances_the_step(tmp_path, tiny_qwen3_dir, 
         "algorithm.advantage.drop_zero_variance=true",
     )
     assert run.trainer.global_step == 2
-    assert [s for s, _ in run.module.seen_prompts] == [0, 1]
+    assert [s for s, _ in run.datamodule.seen_prompts] == [0, 1]
 
 
 @pytest.mark.slow

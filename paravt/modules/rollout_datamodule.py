@@ -1,0 +1,161 @@
+"""RolloutDataModule: the DataModule that generates each step's grouped rollouts.
+
+It owns the rollout engine (`paravt.rollout.build_engine`, configured by `rollout/engine`), the
+agent loop, the video reader, the frame-budget draw and the rollout seeds. Each `PromptBatch`
+becomes a `RolloutBatch` (B x G trajectories, budgets, the engine's weight version) in
+`on_after_batch_transfer`, which Lightning runs for the current step after the previous step's
+optimiser update; with a sized loader nothing generated is prefetched. Staleness contract:
+rollouts of step t use the weights after update t-1, unless `rollout.max_staleness` lets the
+engine lag by that many updates (then its weights move only on `sync_weights`).
+
+What it needs from the LightningModule is the `RolloutPolicy` Protocol (policy, processor,
+policy_version, model_path), checked when it connects. Glue: it composes agent/, rollout/, video/
+and data/, and holds no arithmetic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.render import ChatRenderer
+from paravt.agent.tools import CropConfig
+from paravt.data.rollout_datamodule import PromptBatch, PromptDataModule
+from paravt.rollout.engine import RolloutEngine, SamplingParams
+from paravt.rollout.factory import EngineConfig, build_engine
+from paravt.rollout.records import RolloutBatch
+from paravt.types import Sample, Trajectory
+from paravt.video.reader import VideoReader
+
+BudgetSampler = Callable[[str, int], int]  # (prompt id, epoch) -> frame budget K
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Grouped sampling: G rollouts per prompt at `temperature`, with the agent and crop tool."""
+
+    group_size: int = 8
+    temperature: float = 0.7
+    default_budget: int = 8
+    max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    crop: CropConfig | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@runtime_checkable
+class RolloutPolicy(Protocol):
+    """What the DataModule reads from the LightningModule to generate with its weights."""
+
+    policy: Any  # the transformers policy module
+    processor: Any
+    policy_version: int  # optimiser updates applied so far
+    model_path: str | None  # HF directory holding the initial weights (vLLM loads from it)
+
+
+class RolloutDataModule(PromptDataModule):
+    """`PromptDataModule` + generation: serves `RolloutBatch`es to the training step."""
+
+    def __init__(self, *args, rollout: RolloutConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rollout = rollout or RolloutConfig()
+        self.budget_sampler: BudgetSampler | None = None
+        self.engine: RolloutEngine | None = None
+        self.agent: AgentLoop | None = None
+        self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
+        self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
+
+    # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
+    def set_budget_sampler(self, sampler: BudgetSampler) -> None:
+        """Draw every prompt's overview frame budget with `sampler(prompt_id, epoch)`."""
+        self.budget_sampler = sampler
+
+    # ---- wiring -----------------------------------------------------------------------------
+    def connect(self, module: RolloutPolicy) -> AgentLoop:
+        """Build the engine and the agent loop on `module`'s policy (once)."""
+        if self.agent is not None:
+            return self.agent
+        if not isinstance(module, RolloutPolicy):
+            raise TypeError(
+                f"RolloutDataModule generates with the LightningModule's weights, but "
+                f"{type(module).__name__} lacks policy / processor / policy_version / model_path"
+            )
+        self.engine = build_engine(
+            self.rollout.engine,
+            module.policy,
+            module.processor,
+            model_path=module.model_path,
+            share_weights=self.rollout.max_staleness == 0,
+        )
+        renderer = ChatRenderer(module.processor)
+        crop = self.rollout.crop or CropConfig(factor=renderer.frame_factor)
+        self.agent = AgentLoop(self.engine, renderer, VideoReader(), self.rollout.agent, crop)
+        return self.agent
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if self.trainer is not None and self.trainer.lightning_module is not None:
+            self.connect(self.trainer.lightning_module)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # prompts hold no tensors; rollouts are built on the policy's device
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if isinstance(batch, PromptBatch):
+            return self.generate_rollouts(batch, self.trainer.lightning_module)
+        return batch
+
+    # ---- generation -------------------------------------------------------------------------
+    def sync(self, module: RolloutPolicy, max_staleness: int) -> float:
+        """Give the engine `module`'s weights when they lag by more than `max_staleness`."""
+        t0 = time.perf_counter()
+        if module.policy_version - self.engine.weight_version > max_staleness:
+            self.engine.sync_weights(module.policy, module.policy_version)
+        return time.perf_counter() - t0
+
+    def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
+        if self.budget_sampler is None:
+            return [self.rollout.default_budget] * len(samples)
+        return [int(self.budget_sampler(s.id, epoch)) for s in samples]
+
+    def generate_rollouts(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
+        """The B x G trajectories of `batch`, sampled with the weights the contract allows."""
+        agent = self.connect(module)
+        sync_s = self.sync(module, self.rollout.max_staleness)
+        samples, cfg = list(batch.samples), self.rollout
+        budgets = self.budgets(samples, batch.epoch)
+        version = self.engine.weight_version
+        params = SamplingParams(temperature=cfg.temperature, seed=self.seed * 100_003 + batch.step)
+        t0 = time.perf_counter()
+        trajs = agent.run(samples, budgets, cfg.group_size, params)
+        timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
+        timings |= {f"rollout_{k}": v for k, v in agent.timings.items()}
+        self.rollout_versions.append((batch.step, version))
+        self.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
+        self.consumed = batch.step + 1
+        return RolloutBatch(
+            step=batch.step,
+            epoch=batch.epoch,
+            samples=tuple(samples),
+            budgets=tuple(budgets),
+            trajectories=tuple(trajs),
+            group_size=cfg.group_size,
+            temperature=cfg.temperature,
+            weight_version=version,
+            staleness=module.policy_version - version,
+            durations=tuple(agent.source.info(s.video).duration for s in samples),
+            timings=timings,
+        )
+
+    def evaluate(
+        self, module: RolloutPolicy, samples: Sequence[Sample], greedy: bool = True
+    ) -> list[Trajectory]:
+        """One trajectory per sample with the module's current weights (held-out evaluation)."""
+        agent = self.connect(module)
+        self.sync(module, 0)
+        budgets = [self.rollout.default_budget] * len(samples)
+        params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
+        return agent.run(samples, budgets, 1, params)

@@ -1,0 +1,308 @@
+"""`VLLMEngine`: the `RolloutEngine` on an in-process `vllm.LLM` (CPU backend here, CUDA on GPUs).
+
+Requests. A trajectory's context holds every clip already expanded into its vision tokens (what
+the trainer sees); vLLM wants one placeholder per clip plus the frames, and expands it itself
+(already-expanded ids would be expanded again). So each request is collapsed: every clip's
+expansion is replaced by the chat template's video placeholder, and the clip's decoded frames go
+into `multi_modal_data` with fps, duration and source frame indices (`do_sample_frames=False`).
+vLLM's expanded prompt must equal the trajectory's ids token for token; a mismatch raises.
+
+Sampling follows `paravt.rollout.engine`'s log-prob definition: the vision placeholder ids get a
+-100 logit bias (vLLM's clamp; never sampled, and the reported `processed_logprobs` are then the
+masked distribution's, as the trainer masks them), no top-k / top-p, temperature T (greedy: 0,
+log-probs at T = 1). Each request gets its own seed, so the G copies of a prompt differ.
+
+Weights. `sync_weights` streams the policy's tensors in buckets of `sync_bucket_mb` into vLLM's
+`reload_weights` (never a second full copy), then resets the prefix cache and the multimodal /
+encoder caches (vision embeddings computed with the old weights must not be reused).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
+from paravt.rollout.factory import EngineConfig
+from paravt.rollout.hf import vision_placeholder_ids
+
+# vLLM's CPU backend on a small shared machine: no core binding, in-process engine core.
+CPU_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
+    """`vllm.LLM` arguments; the GPU-only ones are passed only where a GPU is present."""
+    kwargs: dict[str, Any] = {
+        "model": path,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "seed": cfg.seed,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "limit_mm_per_prompt": {"video": max_videos, "image": 0},
+        # Normalise in the processor (as the trainer's pixels are), not with the image
+        # processor's mean/std on the device, which differ from the video's for some checkpoints.
+        "mm_device_do_normalize": False,
+    }
+    if _on_gpu():
+        kwargs |= {
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enable_sleep_mode": cfg.enable_sleep_mode,
+        }
+    else:
+        kwargs["enforce_eager"] = True
+    return kwargs
+
+
+def video_placeholder(processor) -> tuple[str, tuple[int, ...]]:
+    """What the chat template writes for one video (text, ids), before the processor expands it."""
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "\x01"},
+                {"type": "video"},
+                {"type": "text", "text": "\x02"},
+            ],
+        }
+    ]
+    text = processor.apply_chat_template(messages, tokenize=False)
+    inner = text[text.index("\x01") + 1 : text.index("\x02")]
+    return inner, tuple(processor.tokenizer(inner, add_special_tokens=False)["input_ids"])
+
+
+def _find(seq: Sequence[int], sub: Sequence[int], start: int) -> int:
+    n, first = len(sub), sub[0]
+    for i in range(start, len(seq) - n + 1):
+        if seq[i] == first and tuple(seq[i : i + n]) == tuple(sub):
+            return i
+    return -1
+
+
+class VLLMEngine:
+    """`RolloutEngine` over `vllm.LLM`; see the module docstring for the request contract."""
+
+    def __init__(self, llm, processor, cfg: EngineConfig):
+        self.llm, self.processor, self.cfg = llm, processor, cfg
+        tok = processor.tokenizer
+        self.suppress_ids = vision_placeholder_ids(tok)
+        self.stop_ids = [tok.convert_tokens_to_ids("<|im_end|>")]
+        self.placeholder_text, self.placeholder_ids = video_placeholder(processor)
+        self._expansions: dict[int, tuple[Any, tuple[int, ...]]] = {}
+        self._version = 0
+        self._sleeping = False
+        self.last_sync_s = 0.0
+
+    @classmethod
+    def from_model(cls, cfg: EngineConfig, model, processor, model_path: str | None = None):
+        """Start vLLM on `model_path`, or on a temporary export of `model` when there is none."""
+        if not _on_gpu():
+            for key, value in CPU_ENV.items():
+                os.environ.setdefault(key, value)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gb))
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError(
+                "rollout/engine=vllm needs vLLM: on a GPU `pip install -e '.[vllm]'`; on a CPU "
+                "`make venv-vllm` and run with .venv-vllm/bin/python (docs/vllm.md)"
+            ) from err
+        path = model_path
+        if path is None:
+            path = tempfile.mkdtemp(prefix="paravt_vllm_")
+            model.save_pretrained(path)
+            processor.save_pretrained(path)
+        llm = vllm.LLM(**llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt))
+        return cls(llm, processor, cfg)
+
+    # ---- RolloutEngine ----------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[GenerationOutput]]:
+        if not requests:
+            return []
+        self._wake()
+        prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
+        sampling = [self._sampling(params, i) for i in range(len(requests))]
+        outs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        self._maybe_sleep()
+        results = []
+        for i, (req, out) in enumerate(zip(requests, outs, strict=True)):
+            self._check_expansion(i, req, out.prompt_token_ids)
+            results.append([self._output(c) for c in out.outputs])
+        return results
+
+    def sync_weights(self, policy, version: int) -> None:
+        """Stream `policy`'s weights into vLLM in place; reset every cache that holds old ones."""
+        t0 = time.perf_counter()
+        self._wake()
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": self._buckets(policy), "is_checkpoint_format": True},
+        )
+        self._reset_caches()
+        self._expansions.clear()
+        self._version = version
+        self._maybe_sleep()
+        self.last_sync_s = time.perf_counter() - t0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _prompt(self, i: int, req: GenerationRequest) -> dict[str, Any]:
+        name = req.name or f"request {i}"
+        if len(req.token_ids) >= self.cfg.max_model_len:
+            raise ValueError(
+                f"{name}: context of {len(req.token_ids)} tokens does not fit the vLLM engine's "
+                f"max_model_len={self.cfg.max_model_len}; raise rollout.engine.max_model_len or "
+                "lower rollout.agent.max_total_tokens"
+            )
+        ids, videos, cursor = [], [], 0
+        for k, visual in enumerate(req.visuals):
+            frames = visual.frames
+            if frames is None or len(frames.indices) < 2:
+                n = 0 if frames is None else len(frames.indices)
+                raise ValueError(
+                    f"{name}: clip {k} has {n} decoded frame(s); the vLLM engine needs each "
+                    "clip's frames (>= 2, one temporal patch) to re-expand it: check the crop's "
+                    "min_frames and the renderer"
+                )
+            expansion = self._expansion(visual)
+            at = _find(req.token_ids, expansion, cursor)
+            if at < 0:
+                raise ValueError(
+                    f"{name}: clip {k}'s vision tokens were not found in the context after "
+                    f"position {cursor}; the request's visuals do not match its token ids"
+                )
+            ids += [*req.token_ids[cursor:at], *self.placeholder_ids]
+            cursor = at + len(expansion)
+            videos.append((frames.pixels, self._metadata(frames)))
+        ids += req.token_ids[cursor:]
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if videos:
+            prompt["multi_modal_data"] = {"video": videos}
+            prompt["mm_processor_kwargs"] = {"do_sample_frames": False}
+        return prompt
+
+    def _expansion(self, visual) -> tuple[int, ...]:
+        """The ids the processor expands this clip's placeholder into (cached per clip)."""
+        key = id(visual)
+        hit = self._expansions.get(key)
+        if hit is not None and hit[0] is visual:
+            return hit[1]
+        from paravt.agent.render import clip_metadata
+
+        out = self.processor(
+            text=[self.placeholder_text],
+            videos=[visual.frames.pixels],
+            video_metadata=[clip_metadata(visual.frames)],
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
+        ids = tuple(out["input_ids"][0].tolist())
+        if len(self._expansions) > 4096:
+            self._expansions.clear()
+        self._expansions[key] = (visual, ids)
+        return ids
+
+    @staticmethod
+    def _metadata(frames) -> dict[str, Any]:
+        from paravt.agent.render import clip_metadata
+
+        meta = clip_metadata(frames)
+        return {
+            "fps": meta.fps,
+            "duration": meta.duration,
+            "total_num_frames": meta.total_num_frames,
+            "frames_indices": list(meta.frames_indices),
+            "video_backend": "paravt",
+            "do_sample_frames": False,
+        }
+
+    def _sampling(self, params: SamplingParams, i: int):
+        import vllm
+
+        seed = None if params.seed is None else params.seed * 1_000_003 + i
+        return vllm.SamplingParams(
+            n=params.n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_k=0 if not params.greedy else -1,
+            top_p=1.0,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,
+            seed=seed,
+            logit_bias={t: -100.0 for t in self.suppress_ids},
+            stop_token_ids=self.stop_ids,
+            skip_special_tokens=False,
+        )
+
+    def _check_expansion(self, i: int, req: GenerationRequest, got) -> None:
+        if tuple(got) == tuple(req.token_ids):
+            return
+        diff = next(
+            (j for j, (a, b) in enumerate(zip(got, req.token_ids, strict=False)) if a != b),
+            min(len(got), len(req.token_ids)),
+        )
+        raise ValueError(
+            f"{req.name or f'request {i}'}: vLLM expanded the context to {len(got)} ids, the "
+            f"trajectory has {len(req.token_ids)}; first difference at position {diff}. Behaviour "
+            "log-probs would not be the trainer's: check the clips' metadata and the processor"
+        )
+
+    def _output(self, c) -> GenerationOutput:
+        ids = tuple(c.token_ids)
+        logp = tuple(float(c.logprobs[j][t].logprob) for j, t in enumerate(ids))
+        reason = "stop" if ids and ids[-1] in self.stop_ids else "length"
+        return GenerationOutput(ids, logp, reason)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def _buckets(self, policy) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) of `policy`, materialised at most `sync_bucket_mb` at a time."""
+        import torch
+
+        dtype = getattr(torch, self.cfg.dtype)
+        limit = self.cfg.sync_bucket_mb * 2**20
+        bucket: list[tuple[str, Any]] = []
+        size = 0
+        for name, tensor in policy.state_dict().items():
+            t = tensor.detach()
+            bucket.append((name, t.to("cpu" if not _on_gpu() else t.device, dtype)))
+            size += t.numel() * t.element_size()
+            if size >= limit:
+                yield from bucket
+                bucket, size = [], 0
+        yield from bucket
+
+    def _reset_caches(self) -> None:
+        """Prefix (KV) blocks, processed multimodal inputs and encoder outputs of old weights."""
+        self.llm.reset_prefix_cache()
+        self.llm.reset_mm_cache()
+        engine = getattr(self.llm, "llm_engine", None)
+        if callable(getattr(engine, "reset_encoder_cache", None)):
+            engine.reset_encoder_cache()
+
+    def _wake(self) -> None:
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+
+    def _maybe_sleep(self) -> None:
+        if self.cfg.enable_sleep_mode and _on_gpu():
+            self.llm.sleep(level=1)
+            self._sleeping = True

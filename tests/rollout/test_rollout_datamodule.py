@@ -1,0 +1,76 @@
+"""The RolloutDataModule generates: PromptBatch -> RolloutBatch with the module's weights."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from paravt.agent.loop import AgentConfig
+from paravt.data.rollout_datamodule import PromptBatch
+from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
+from paravt.rollout import EngineConfig, build_engine
+from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.records import RolloutBatch
+
+
+class Policy:
+    """The `RolloutPolicy` Protocol, without Lightning."""
+
+    def __init__(self, path):
+        self.policy = AutoModelForImageTextToText.from_pretrained(path)
+        self.processor = AutoProcessor.from_pretrained(path)
+        self.policy_version = 0
+        self.model_path = str(path)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_qwen3_dir):
+    return Policy(tiny_qwen3_dir)
+
+
+def _datamodule(needle_dir, **rollout) -> RolloutDataModule:
+    agent = AgentConfig(max_rounds=1, max_new_tokens=8, max_total_tokens=4096)
+    cfg = RolloutConfig(group_size=2, default_budget=4, agent=agent, **rollout)
+    dm = RolloutDataModule(str(needle_dir / "train.jsonl"), batch_size=2, max_steps=2, rollout=cfg)
+    dm.setup("fit")
+    return dm
+
+
+def test_a_prompt_batch_becomes_grouped_rollouts(policy, needle_dir):
+    dm = _datamodule(needle_dir)
+    dm.set_budget_sampler(lambda prompt_id, epoch: 8 if prompt_id.endswith("0") else 4)
+    prompts = next(iter(dm.train_dataloader()))
+    assert isinstance(prompts, PromptBatch)
+    batch = dm.generate_rollouts(prompts, policy)
+    assert isinstance(batch, RolloutBatch) and len(batch.trajectories) == 4  # B x G
+    assert [t.sample_id for t in batch.trajectories] == [s.id for s in batch.repeated_samples()]
+    assert batch.budgets == tuple(8 if s.id.endswith("0") else 4 for s in prompts.samples)
+    assert [t.frame_budget for t in batch.trajectories[::2]] == list(batch.budgets)
+    assert (batch.weight_version, batch.staleness, batch.temperature) == (0, 0, 0.7)
+    assert dm.consumed == 1 and dm.rollout_versions == [(0, 0)]
+    assert {"sync", "rollout", "rollout_generate"} <= set(batch.timings)
+    # Staleness 0 with the transformers engine: it samples with the policy module itself.
+    assert isinstance(dm.engine, TransformersEngine) and dm.engine.model is policy.policy
+
+
+def test_the_engine_is_synced_only_past_max_staleness(policy, needle_dir):
+    dm = _datamodule(needle_dir, max_staleness=1)
+    dm.connect(policy)
+    assert dm.engine.model is not policy.policy  # its own copy, moved only by sync_weights
+    policy.policy_version = 1
+    assert dm.sync(policy, 1) >= 0 and dm.engine.weight_version == 0
+    policy.policy_version = 2
+    dm.sync(policy, 1)
+    assert dm.engine.weight_version == 2
+    policy.policy_version = 0
+
+
+def test_a_module_without_the_policy_protocol_is_named(needle_dir):
+    with pytest.raises(TypeError, match="object lacks policy / processor / policy_version"):
+        _datamodule(needle_dir).connect(object())
+
+
+def test_an_unknown_engine_is_named(policy):
+    with pytest.raises(ValueError, match=r"'sglang' is unknown: choose one of \['hf', 'vllm'\]"):
+        EngineConfig(name="sglang")
+    assert isinstance(build_engine("hf", policy.policy, policy.processor), TransformersEngine)
