@@ -2,12 +2,12 @@
 
 Thin on purpose: Hydra composes conf/eval.yaml (the model, the benchmark, training's agent/crop
 settings from conf/rollout and a dispatch-mode preset from conf/mode), this file checks the paths,
-loads the policy, builds the engine (`paravt.rollout.build_engine`, as training does: `rollout/engine=hf|vllm`) and the
-agent loop for the benchmark's forced-answer message, and hands over to
-`paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under `out_dir`,
-resuming a killed run of the same model, annotations, engine and protocol). Bad input stops with
-one line naming the problem and the fix. `-m ... mode=parallel,sequential,no_tool` prints one
-comparison table (`paravt.eval.compare`). Only `torch.no_grad` inference happens here.
+loads the policy, builds the engine (`paravt.rollout.build_engine`, chosen as in training with
+`rollout/engine=hf|vllm`) and the agent loop for the benchmark's forced-answer message, and hands
+over to `paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under
+`out_dir`, resuming a killed run of the same model, annotations, engine and protocol). Bad input
+stops with one line naming the problem and the fix. `-m ... mode=parallel,sequential,no_tool`
+prints one comparison table (`paravt.eval.compare`). Only `torch.no_grad` inference happens here.
 """
 
 from __future__ import annotations

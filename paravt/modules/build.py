@@ -35,11 +35,19 @@ def build_callbacks(cfg: DictConfig) -> list:
 
 
 def build_module(cfg: DictConfig):
-    from paravt.modules.grpo import GRPOModule
+    from dataclasses import replace
 
+    from paravt.modules.grpo import GRPOModule
+    from paravt.rl.microbatch import max_response_tokens
+
+    algorithm = instantiate(cfg.algorithm)
+    if algorithm.norm_length is None:  # Dr.GRPO's divisor: the longest response the agent writes
+        agent = cfg.rollout.agent
+        length = max_response_tokens(agent.max_new_tokens, agent.max_rounds)
+        algorithm = replace(algorithm, norm_length=length)
     return GRPOModule(
         model=instantiate(cfg.model),
-        algorithm=instantiate(cfg.algorithm),
+        algorithm=algorithm,
         reward=instantiate(cfg.reward),
         optimizer=instantiate(cfg.optimizer),
         seed=cfg.seed,

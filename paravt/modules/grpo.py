@@ -29,7 +29,7 @@ from paravt.rewards.structural import (
 )
 from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
-from paravt.rl.microbatch import MicroWeights, max_response_tokens, split_weights
+from paravt.rl.microbatch import MicroWeights, split_weights
 from paravt.rl.objective import (
     AdvantageConfig,
     advantage_metrics,
@@ -89,9 +89,8 @@ class GRPOModule(pl.LightningModule):
         self.model_path: str | None = model.path
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
-        self.norm_length = algorithm.norm_length or max_response_tokens(
-            rollout.agent.max_new_tokens, rollout.agent.max_rounds
-        )
+        # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
+        self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
