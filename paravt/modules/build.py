@@ -68,19 +68,40 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
-    losses = cold_start(run.module, run.datamodule.train_samples, instantiate(cfg.cold_start))
+    dm = run.datamodule
+    losses = cold_start(run.module, dm.train_samples, instantiate(cfg.cold_start), dm.eval_samples)
     run.module.cold_start_losses = losses
     return losses
+
+
+def _cold_start_lines(module) -> list[str]:
+    losses = getattr(module, "cold_start_losses", [])
+    if not losses:
+        return []
+    lines = [f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"]
+    report = getattr(module, "cold_start_report", None)
+    for split in ("train", "held-out"):
+        rows = [r for r in getattr(report, "answer", []) if r[1] == split]
+        if rows:
+            (_, _, l0, a0), (_, _, l1, a1) = rows[0], rows[-1]
+            lines.append(
+                f"cold start answer tokens ({split}, teacher-forced): loss {l0:.3f} -> {l1:.3f}, "
+                f"accuracy {a0:.3f} -> {a1:.3f}"
+            )
+    seconds = getattr(module, "cold_start_seconds", None)
+    if seconds is not None:
+        lines.append(f"wall time: cold start {seconds:.0f} s")
+    return lines
 
 
 def summary(cfg: DictConfig, run: Run) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
-    losses = getattr(run.module, "cold_start_losses", [])
-    if losses:
-        lines.append(
-            f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"
-        )
+    if cfg.get("ckpt_path"):
+        step = getattr(run.module, "resumed_step", None)
+        at = f" at step {step}" if step is not None else ""
+        lines.append(f"resumed from {run.trainer.ckpt_path or cfg.ckpt_path}{at}")
+    lines += _cold_start_lines(run.module)
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
