@@ -83,12 +83,12 @@ class RolloutDataModule(pl.LightningDataModule):
         self.eval_samples: list[Sample] = []
 
     def prepare_data(self) -> None:
-        if self.generate and not Path(self.train_path).exists():
-            from paravt.video.synthetic import NeedleConfig, generate
+        if self.generate:  # (re)generated whenever its config.json differs from `generate`
+            from paravt.video.synthetic import NeedleConfig, ensure_needle_data
 
             out = Path(self.train_path).parent
-            log.info("generating synthetic needle data in %s", out)
-            generate(NeedleConfig(**self.generate), out)
+            if ensure_needle_data(NeedleConfig(**self.generate), out):
+                log.info("generated synthetic needle data in %s", out)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_samples:

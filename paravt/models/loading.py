@@ -7,10 +7,15 @@ a hub id is refused with a message, since run-time downloads are not part of par
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model
+from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model, tiny_config_matches
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,29 @@ class PolicySpec:
     dtype: str = "float32"
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
+    tiny: Mapping[str, Any] | None = None  # TinyModelConfig sizes when build_tiny is set
+
+
+def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
+    """Build the tiny checkpoint at `path` unless one built from the same config is there.
+
+    A tiny checkpoint built from other sizes (its `paravt_tiny.json` differs) is rebuilt, so
+    `model.tiny.*` overrides are never silently ignored.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {arch!r}")
+    try:
+        cfg = TinyModelConfig(arch=arch, **dict(sizes or {}))
+    except TypeError as err:
+        keys = list(TinyModelConfig.__annotations__)
+        raise ValueError(f"model.tiny: {err}; valid keys: {keys}") from None
+    if tiny_config_matches(path, cfg):
+        return
+    if (path / "config.json").exists() and not (path / "paravt_tiny.json").exists():
+        return  # a checkpoint paravt did not build here (e.g. an exported run): never overwrite
+    if (path / "config.json").exists():
+        log.info("tiny model in %s was built from another config: rebuilding it", path)
+    build_tiny_model(path, cfg)
 
 
 def load_policy(spec: PolicySpec):
@@ -31,15 +59,13 @@ def load_policy(spec: PolicySpec):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     path = Path(spec.path).expanduser()
+    if spec.build_tiny is not None:
+        ensure_tiny(path, spec.build_tiny, spec.tiny)
     if not (path / "config.json").exists():
-        if spec.build_tiny is None:
-            raise FileNotFoundError(
-                f"model.path {spec.path!r} is not a local HF checkpoint (no config.json); "
-                "download it first, or set model.build_tiny=qwen3_vl for a tiny test model"
-            )
-        if spec.build_tiny not in ARCHS:
-            raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {spec.build_tiny!r}")
-        build_tiny_model(path, TinyModelConfig(arch=spec.build_tiny))
+        raise FileNotFoundError(
+            f"model.path {spec.path!r} is not a local HF checkpoint (no config.json); "
+            "download it first, or set model.build_tiny=qwen3_vl for a tiny test model"
+        )
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=getattr(torch, spec.dtype), attn_implementation=spec.attn_implementation
     )

@@ -377,6 +377,31 @@ def generate(cfg: NeedleConfig, out_dir: str | Path) -> dict[str, Path]:
     return written
 
 
+def needle_data_matches(cfg: NeedleConfig, out_dir: str | Path) -> bool:
+    """Whether `out_dir` holds both splits generated from exactly `cfg` (its config.json)."""
+    out = Path(out_dir)
+    record = out / "config.json"
+    if not all((out / f).exists() for f in ("config.json", "train.jsonl", "eval.jsonl")):
+        return False
+    try:
+        saved = json.loads(record.read_text())
+    except json.JSONDecodeError:
+        return False
+    return saved == json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def ensure_needle_data(cfg: NeedleConfig, out_dir: str | Path) -> bool:
+    """Generate the data into `out_dir` unless it was generated from `cfg`; True if (re)written.
+
+    Stale videos of an earlier config are overwritten sample by sample; the .jsonl/.parquet files
+    list only the current config's samples, so leftovers are never read.
+    """
+    if needle_data_matches(cfg, out_dir):
+        return False
+    generate(cfg, out_dir)
+    return True
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
