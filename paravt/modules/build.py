@@ -94,6 +94,36 @@ def _cold_start_lines(module) -> list[str]:
     return lines
 
 
+def _before_after_lines(module) -> list[str]:
+    """Per-budget held-out table: after the cold start vs now (the same samples, greedy)."""
+    before = getattr(module, "budget_before", None)
+    if not before:
+        return []
+    import time
+
+    from paravt.modules.report import before_after_table, budget_eval
+
+    t0 = time.perf_counter()
+    after = budget_eval(module, module.report_samples, module.report_budgets)
+    lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
+    lines += before_after_table({"before": before, "after": after})
+    seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
+    lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
+    return lines
+
+
+def _curve_lines(cfg: DictConfig) -> list[str]:
+    from pathlib import Path
+
+    from paravt.modules.curves import write_curves
+
+    tb = Path(str(cfg.run_dir)) / "tb"
+    if not tb.exists():
+        return []
+    paths = write_curves(tb, Path(str(cfg.run_dir)) / "curves")
+    return [f"curves: {', '.join(str(p) for p in paths)}"]
+
+
 def summary(cfg: DictConfig, run: Run) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
@@ -118,5 +148,7 @@ def summary(cfg: DictConfig, run: Run) -> str:
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
+    lines += _before_after_lines(run.module)
+    lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

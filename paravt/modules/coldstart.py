@@ -43,6 +43,10 @@ class ColdStartConfig:
     min_lr_ratio: float = 1.0  # 1.0: constant learning rate after the warm-up
     eval_every: int = 0  # measure answer tokens every N steps (0: only before and after)
     eval_limit: int = 16  # held-out trajectories per measurement
+    # Greedy held-out rollouts per frame budget right after the cold start (the "before" column
+    # of the run's table; the summary measures "after" on the same samples). () to skip.
+    report_budgets: tuple[int, ...] = ()
+    report_limit: int = 64
 
 
 @dataclass
@@ -170,6 +174,14 @@ def cold_start(
     report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags)
     module.cold_start_report = report
     module.cold_start_seconds = time.perf_counter() - t0
+    if cfg.report_budgets and held_out:
+        from paravt.modules.report import budget_eval
+
+        t1 = time.perf_counter()
+        module.report_samples = list(held_out)[: cfg.report_limit]
+        module.report_budgets = tuple(cfg.report_budgets)
+        module.budget_before = budget_eval(module, module.report_samples, cfg.report_budgets)
+        module.report_seconds = time.perf_counter() - t1
     module.reset_reference()
     losses = report.losses
     log.info("cold start: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
