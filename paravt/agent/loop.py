@@ -43,6 +43,7 @@ class AgentConfig:
     overview_max_pixels: int = 50176
     forced_answer: str = prompts.FORCED_ANSWER
     forced_answer_max_tokens: int | None = None  # cap of the forced turn (None: max_new_tokens)
+    system: str | None = None  # the system prompt; None: prompts.system_prompt() (tool schema)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -169,7 +170,7 @@ class AgentLoop:
         frames = self.source.read(
             sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
         )
-        messages = prompts.main_messages(sample, frames.timestamps, info.duration)
+        messages = prompts.main_messages(sample, frames.timestamps, info.duration, self.cfg.system)
         prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
         seg = self.renderer.prompt(messages, [frames], prefix)
         return [
