@@ -76,10 +76,10 @@ def before_after_table(
     lines = [head]
     by_budget = [{r.budget: r for r in columns[n]} for n in names]
     budgets = sorted({k for col in by_budget for k in col})
-    rows = [(str(k), [col.get(k) for col in by_budget]) for k in budgets]
+    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
     rows.append(("all", [pooled(columns[n]) if columns[n] else None for n in names]))
     for label, cells in rows:
-        text = f"  {label:>6}"
+        text = f"  {label:<6}"
         for r in cells:
             if r is None:
                 text += f" | {'-':>24} {'-':>5} {'-':>5}"
