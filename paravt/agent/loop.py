@@ -44,6 +44,7 @@ class AgentConfig:
     forced_answer: str = prompts.FORCED_ANSWER
     forced_answer_max_tokens: int | None = None  # cap of the forced turn (None: max_new_tokens)
     tools: bool = True  # False: no tool in the system prompt and no call parsed (no-tool ablation)
+    system: str | None = None  # the system prompt; None: prompts.system_prompt() (tool schema)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -171,7 +172,7 @@ class AgentLoop:
         frames = self.source.read(
             sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
         )
-        system = None if self.cfg.tools else prompts.NO_TOOL_SYSTEM
+        system = self.cfg.system if self.cfg.tools else prompts.NO_TOOL_SYSTEM
         messages = prompts.main_messages(sample, frames.timestamps, info.duration, system)
         prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
         seg = self.renderer.prompt(messages, [frames], prefix)

@@ -47,6 +47,19 @@ NO_TOOL_SYSTEM = (
     "Think inside <think> </think>, then write the answer inside <answer> </answer>."
 )
 
+# A short system prompt for tiny models (the CPU demo): the call format by example, no JSON
+# schema. ~60 tokens instead of ~440 with the tiny tokenizer.
+COMPACT_SYSTEM = (
+    "You see a few frames of a video. Think in <think> </think>. To see more, crop windows, "
+    "several calls run in parallel: "
+    '<tool_call>{"name": "crop_video", "arguments": {"video_path": "video.mp4", '
+    '"start_time": 30.0, "end_time": 46.0}}</tool_call> '
+    "Then answer in <answer> </answer>."
+)
+
+# Named system prompts: `AgentConfig.system` may give one of these names instead of a text.
+SYSTEM_PROMPTS: dict[str, str] = {"compact": COMPACT_SYSTEM}
+
 FORCED_ANSWER = "You have no tool calls left. Answer now, inside <answer> </answer>."
 
 SUBAGENT_SYSTEM = "You describe video segments factually and briefly."
@@ -80,9 +93,14 @@ def user_text(sample: Sample, timestamps: Sequence[float], duration: float) -> s
 def main_messages(
     sample: Sample, timestamps: Sequence[float], duration: float, system: str | None = None
 ) -> list[dict[str, Any]]:
-    """System + user turn with the overview clip; `timestamps` are the overview frames' times."""
+    """System + user turn with the overview clip; `timestamps` are the overview frames' times.
+
+    `system`: None for the default prompt with the tool schema, a name of `SYSTEM_PROMPTS`
+    ("compact"), or the prompt text itself.
+    """
+    text = system_prompt() if system is None else SYSTEM_PROMPTS.get(system, system)
     return [
-        {"role": "system", "content": system if system is not None else system_prompt()},
+        {"role": "system", "content": text},
         {
             "role": "user",
             "content": [

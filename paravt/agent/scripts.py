@@ -37,14 +37,49 @@ def search_windows(
     return [(lo + i * step, lo + (i + 1) * step) for i in range(pieces)]
 
 
+def distinct_question_batches(samples: Sequence[Sample]) -> list[list[int]]:
+    """Indices of `samples` split into batches in which no two samples share a question text.
+
+    The teacher only sees the decoded context, so within one batch a sample is recognised by its
+    question; samples that share a question (same family and hint, different videos) must go to
+    different batches, or they would all get one sample's answer.
+    """
+    batches: list[list[int]] = []
+    seen: list[set[str]] = []
+    for i, s in enumerate(samples):
+        slot = next((b for b, qs in enumerate(seen) if s.question not in qs), len(batches))
+        if slot == len(batches):
+            batches.append([])
+            seen.append(set())
+        batches[slot].append(i)
+        seen[slot].add(s.question)
+    return batches
+
+
 def needle_teacher(samples: Sequence[Sample], strategy: str = "oracle"):
-    """A responder that writes the scripted turns for whichever sample the context is about."""
-    by_question = {s.question: s for s in samples}
+    """A responder that writes the scripted turns for whichever sample the context is about.
+
+    Samples are keyed by id; a context is matched to the sample whose question it contains (the
+    longest such question, so a question that is a prefix of another cannot steal its context).
+    Samples sharing a question text are refused: split them with `distinct_question_batches`.
+    """
+    by_id = {s.id: s for s in samples}
+    questions: dict[str, str] = {}
+    for s in by_id.values():
+        other = questions.setdefault(s.question, s.id)
+        if other != s.id:
+            raise ValueError(
+                f"samples {other!r} and {s.id!r} share a question, so the teacher cannot tell "
+                "their contexts apart: run them in separate batches "
+                "(paravt.agent.scripts.distinct_question_batches)"
+            )
+    ordered = sorted(questions.items(), key=lambda item: -len(item[0]))
 
     def respond(context: str) -> str:
-        sample = next((s for q, s in by_question.items() if q in context), None)
-        if sample is None:
+        sample_id = next((i for q, i in ordered if q in context), None)
+        if sample_id is None:
             return "I cannot tell.</think>\n<answer>A</answer>"
+        sample = by_id[sample_id]
         if "<tool_response>" not in context:
             calls = "\n".join(call_text(s, e) for s, e in search_windows(sample, strategy))
             return f"The frames are too sparse; crop the candidate windows.</think>\n{calls}"

@@ -88,13 +88,12 @@ class PromptDataModule(pl.LightningDataModule):
         out_dir = gen.pop("out_dir", None)
         check_data_path(self.train_path, bool(self.generate), out_dir)
         if self.generate and may_generate_data(self.train_path, out_dir):
-            if Path(self.train_path).exists():
-                return
-            from paravt.video.synthetic import NeedleConfig, generate
+            # (re)generated whenever its config.json differs from `generate`
+            from paravt.video.synthetic import NeedleConfig, ensure_needle_data
 
             out = generation_dir(self.train_path, out_dir)
-            log.info("generating synthetic needle data in %s", out)
-            generate(NeedleConfig(**gen), out)
+            if ensure_needle_data(NeedleConfig(**gen), out):
+                log.info("generated synthetic needle data in %s", out)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_samples:

@@ -9,11 +9,16 @@ a hub id is refused with a message, since run-time downloads are not part of par
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from paravt.errors import UserError, check_model_path
-from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model
+from paravt.errors import check_model_path, may_build_tiny
+from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model, tiny_config_matches
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,29 @@ class PolicySpec:
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
     tiny_dir: str | None = None  # the one folder a tiny model may be built in (None: `path`)
+    tiny: Mapping[str, Any] | None = None  # TinyModelConfig sizes when build_tiny is set
+
+
+def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
+    """Build the tiny checkpoint at `path` unless one built from the same config is there.
+
+    A tiny checkpoint built from other sizes (its `paravt_tiny.json` differs) is rebuilt, so
+    `model.tiny.*` overrides are never silently ignored.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {arch!r}")
+    try:
+        cfg = TinyModelConfig(arch=arch, **dict(sizes or {}))
+    except TypeError as err:
+        keys = list(TinyModelConfig.__annotations__)
+        raise ValueError(f"model.tiny: {err}; valid keys: {keys}") from None
+    if tiny_config_matches(path, cfg):
+        return
+    if (path / "config.json").exists() and not (path / "paravt_tiny.json").exists():
+        return  # a checkpoint paravt did not build here (e.g. an exported run): never overwrite
+    if (path / "config.json").exists():
+        log.info("tiny model in %s was built from another config: rebuilding it", path)
+    build_tiny_model(path, cfg)
 
 
 def load_policy(spec: PolicySpec):
@@ -35,11 +63,10 @@ def load_policy(spec: PolicySpec):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     path = Path(spec.path).expanduser()
+    if spec.build_tiny is not None and may_build_tiny(spec.path, spec.build_tiny, spec.tiny_dir):
+        ensure_tiny(path, spec.build_tiny, spec.tiny)
     if not (path / "config.json").exists():
         check_model_path(spec.path, spec.build_tiny, spec.tiny_dir)
-        if spec.build_tiny not in ARCHS:
-            raise UserError(f"model.build_tiny must be one of {ARCHS}, got {spec.build_tiny!r}")
-        build_tiny_model(path, TinyModelConfig(arch=spec.build_tiny))
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=getattr(torch, spec.dtype), attn_implementation=spec.attn_implementation
     )

@@ -203,8 +203,11 @@ def build_processor(arch: Arch, tokenizer):
     patch = _vision_patch(arch)
     factor = patch * 2
     size = {"shortest_edge": factor * factor, "longest_edge": 4096 * 4096}
+    # Images and videos share one normalisation, as in the real checkpoints (Qwen3-VL: 0.5 for
+    # both; Qwen2.5-VL: CLIP's for both); the image class's own default would be CLIP's.
+    norm = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3} if arch == "qwen3_vl" else {}
     image_proc = Qwen2VLImageProcessor(
-        patch_size=patch, merge_size=2, temporal_patch_size=2, size=size
+        patch_size=patch, merge_size=2, temporal_patch_size=2, size=size, **norm
     )
     if arch == "qwen3_vl":
         video_proc = Qwen3VLVideoProcessor(
@@ -215,6 +218,7 @@ def build_processor(arch: Arch, tokenizer):
             do_sample_frames=False,
             min_frames=2,
             cap_pixels_per_frame=False,
+            **norm,
         )
         cls = Qwen3VLProcessor
     else:
@@ -288,6 +292,18 @@ def _model_config(cfg: TinyModelConfig, tokenizer):
     text.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope})
     vision.update(window_size=56, fullatt_block_indexes=[cfg.vision_depth - 1], tokens_per_second=2)
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
+
+
+def tiny_config_matches(out_dir: str | Path, cfg: TinyModelConfig) -> bool:
+    """Whether `out_dir` holds a complete tiny checkpoint built from exactly `cfg`."""
+    out = Path(out_dir)
+    record = out / "paravt_tiny.json"
+    if not (out / "config.json").exists() or not record.exists():
+        return False
+    try:
+        return json.loads(record.read_text()) == json.loads(json.dumps(asdict(cfg)))
+    except json.JSONDecodeError:
+        return False
 
 
 def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig()) -> Path:

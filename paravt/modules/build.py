@@ -77,23 +77,75 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
-    agent = run.datamodule.connect(run.module)
-    samples = run.datamodule.train_samples
-    losses = cold_start(run.module, samples, instantiate(cfg.cold_start), agent=agent)
+    dm = run.datamodule
+    agent = dm.connect(run.module)
+    losses = cold_start(
+        run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+    )
     run.module.cold_start_losses = losses
     # An engine with its own weights (vLLM, or a stale-allowed copy) must see the new policy.
     run.datamodule.engine.sync_weights(run.module.policy, run.module.policy_version)
     return losses
 
 
+def _cold_start_lines(module) -> list[str]:
+    losses = getattr(module, "cold_start_losses", [])
+    if not losses:
+        return []
+    lines = [f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"]
+    report = getattr(module, "cold_start_report", None)
+    for split in ("train", "held-out"):
+        rows = [r for r in getattr(report, "answer", []) if r[1] == split]
+        if rows:
+            (_, _, l0, a0), (_, _, l1, a1) = rows[0], rows[-1]
+            lines.append(
+                f"cold start answer tokens ({split}, teacher-forced): loss {l0:.3f} -> {l1:.3f}, "
+                f"accuracy {a0:.3f} -> {a1:.3f}"
+            )
+    seconds = getattr(module, "cold_start_seconds", None)
+    if seconds is not None:
+        lines.append(f"wall time: cold start {seconds:.0f} s")
+    return lines
+
+
+def _before_after_lines(module) -> list[str]:
+    """Per-budget held-out table: after the cold start vs now (the same samples, greedy)."""
+    before = getattr(module, "budget_before", None)
+    if not before:
+        return []
+    import time
+
+    from paravt.modules.report import before_after_table, budget_eval
+
+    t0 = time.perf_counter()
+    after = budget_eval(module, module.report_samples, module.report_budgets)
+    lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
+    lines += before_after_table({"before": before, "after": after})
+    seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
+    lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
+    return lines
+
+
+def _curve_lines(cfg: DictConfig) -> list[str]:
+    from pathlib import Path
+
+    from paravt.modules.curves import write_curves
+
+    tb = Path(str(cfg.run_dir)) / "tb"
+    if not tb.exists():
+        return []
+    paths = write_curves(tb, Path(str(cfg.run_dir)) / "curves")
+    return [f"curves: {', '.join(str(p) for p in paths)}"]
+
+
 def summary(cfg: DictConfig, run: Run) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
-    losses = getattr(run.module, "cold_start_losses", [])
-    if losses:
-        lines.append(
-            f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"
-        )
+    if cfg.get("ckpt_path"):
+        step = getattr(run.module, "resumed_step", None)
+        at = f" at step {step}" if step is not None else ""
+        lines.append(f"resumed from {run.trainer.ckpt_path or cfg.ckpt_path}{at}")
+    lines += _cold_start_lines(run.module)
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
@@ -110,5 +162,7 @@ def summary(cfg: DictConfig, run: Run) -> str:
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
+    lines += _before_after_lines(run.module)
+    lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

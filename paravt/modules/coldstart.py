@@ -5,20 +5,29 @@ loop, so the trajectories hold real crops and real tool-response tokens, built e
 rollouts are. A few supervised steps on them give a tiny policy the format and the habit of
 parallel crops; whether it can read the answer off the frames is what RL then has to improve.
 This is the demo's stand-in for the paper's 97K-sample SFT stage, not a replacement for it.
+
+The answer is a handful of the ~100 trained tokens (the rest is fixed think text and JSON), so the
+whole-sequence loss says little about what was learnt: the answer tokens' own loss and accuracy,
+teacher-forced, on the training and on held-out trajectories, are measured and reported apart.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from paravt.agent.loop import AgentLoop
-from paravt.agent.scripts import needle_teacher
-from paravt.modules.sft import supervised_steps
+from paravt.agent.scripts import distinct_question_batches, needle_teacher
+from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.modules.sft import sft_loss
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
-from paravt.types import Sample
+from paravt.types import Sample, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -30,27 +39,155 @@ class ColdStartConfig:
     batch_size: int = 8
     strategy: str = "search"  # "search" (crop the hinted span) | "oracle" (the true windows)
     budgets: tuple[int, ...] = (4, 8)
+    warmup_steps: int = 0  # linear warm-up, then cosine decay to `min_lr_ratio` * lr
+    min_lr_ratio: float = 1.0  # 1.0: constant learning rate after the warm-up
+    eval_every: int = 0  # measure answer tokens every N steps (0: only before and after)
+    eval_limit: int = 16  # held-out trajectories per measurement
+    # Greedy held-out rollouts per frame budget right after the cold start (the "before" column
+    # of the run's table; the summary measures "after" on the same samples). () to skip.
+    report_budgets: tuple[int, ...] = ()
+    report_limit: int = 64
 
 
-def teacher_trajectories(agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig):
-    """One scripted trajectory per sample, overview budgets cycling through `cfg.budgets`."""
-    engine = ScriptedEngine(agent.tokenizer, needle_teacher(samples, cfg.strategy))
-    teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
+@dataclass
+class ColdStartReport:
+    """Losses of every step and answer-token measurements `(step, split, loss, accuracy)`."""
+
+    losses: list[float] = field(default_factory=list)
+    answer: list[tuple[int, str, float, float]] = field(default_factory=list)
+
+    def last(self, split: str) -> tuple[float, float] | None:
+        rows = [(loss, acc) for _, s, loss, acc in self.answer if s == split]
+        return rows[-1] if rows else None
+
+
+def teacher_trajectories(
+    agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig
+) -> list[Trajectory]:
+    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`."""
     budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
-    return teacher.run(samples, budgets, 1, SamplingParams(greedy=True))
+    out: list[Trajectory | None] = [None] * len(samples)
+    for batch in distinct_question_batches(samples):
+        part = [samples[i] for i in batch]
+        engine = ScriptedEngine(agent.tokenizer, needle_teacher(part, cfg.strategy))
+        teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
+        trajs = teacher.run(part, [budgets[i] for i in batch], 1, SamplingParams(greedy=True))
+        for i, traj in zip(batch, trajs, strict=True):
+            out[i] = traj
+    return [t for t in out if t is not None]
+
+
+def answer_mask(
+    input_ids: torch.Tensor,  # [N, T]
+    loss_mask: torch.Tensor,  # [N, T] bool
+    open_id: int,
+    close_id: int,
+) -> torch.Tensor:  # [N, T] bool
+    """Trained tokens strictly between an `<answer>` and the next `</answer>` token."""
+    opened = torch.cumsum((input_ids == open_id).long(), dim=1)
+    closed = torch.cumsum((input_ids == close_id).long(), dim=1)
+    inside = (opened > closed) & (input_ids != open_id)
+    return inside & loss_mask
+
+
+def answer_metrics(model, trajs: Sequence[Trajectory], ids: TokenIds, tags: tuple[int, int]):
+    """(mean NLL, argmax accuracy) of the answer tokens of `trajs`, teacher-forced."""
+    was_training = model.training
+    model.eval()
+    nll, hits, count = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, len(trajs), 8):
+            chunk = trajs[start : start + 8]
+            logp, padded, logits = trajectory_logprobs(model, chunk, ids, return_logits=True)
+            mask = answer_mask(padded.input_ids, padded.loss_mask, *tags).to(logp.device)
+            # logits[:, t - 1] predicts token t
+            target = padded.input_ids.to(logp.device)
+            pred = torch.zeros_like(target)
+            pred[:, 1:] = logits[:, :-1].argmax(-1)
+            nll += float(-logp[mask].sum())
+            hits += int((pred[mask] == target[mask]).sum())
+            count += int(mask.sum())
+    model.train(was_training)
+    return nll / max(count, 1), hits / max(count, 1)
+
+
+def lr_factor(step: int, cfg: ColdStartConfig) -> float:
+    """Warm-up then cosine multiplier of `cfg.lr` for optimiser step `step` (0-based)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _measure(report, step, model, splits, ids, tags) -> None:
+    for name, trajs in splits.items():
+        if trajs:
+            loss, acc = answer_metrics(model, trajs, ids, tags)
+            report.answer.append((step, name, loss, acc))
+            log.info("cold start step %d: %s answer loss %.3f acc %.3f", step, name, loss, acc)
+
+
+def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0, 0)):
+    """AdamW on the teacher's trajectories (cycled in order) with answer-token measurements."""
+    report = ColdStartReport()
+    splits = {"train": list(trajs[: cfg.eval_limit]), "held-out": list(held_out)[: cfg.eval_limit]}
+    _measure(report, 0, model, splits, ids, tags)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    model.train()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg)
+        start = (step * cfg.batch_size) % len(trajs)
+        batch = [trajs[(start + i) % len(trajs)] for i in range(cfg.batch_size)]
+        logp, padded, _ = trajectory_logprobs(model, batch, ids)
+        loss = sft_loss(logp, padded.loss_mask.to(logp.device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        report.losses.append(loss.item())
+        done = step + 1
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            _measure(report, done, model, splits, ids, tags)
+    _measure(report, cfg.steps, model, splits, ids, tags)
+    model.eval()
+    return report
 
 
 def cold_start(
-    module, samples: Sequence[Sample], cfg: ColdStartConfig, agent: AgentLoop
+    module,
+    samples: Sequence[Sample],
+    cfg: ColdStartConfig,
+    agent: AgentLoop,
+    held_out: Sequence[Sample] = (),
 ) -> list[float]:
     """Fit `module.policy` to the teacher's trajectories (rendered and cropped by `agent`'s
-    renderer, reader and tools); returns the loss of every step."""
+    renderer, reader and tools); returns the loss of every step.
+
+    The full report (answer-token loss/accuracy on train and `held_out`) is left on
+    `module.cold_start_report`.
+    """
+    t0 = time.perf_counter()
     trajs = teacher_trajectories(agent, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
-    losses = supervised_steps(
-        module.policy, trajs, module.token_ids, cfg.steps, cfg.lr, cfg.batch_size
-    )
+    eval_trajs = teacher_trajectories(agent, list(held_out)[: cfg.eval_limit], cfg)
+    tok = agent.tokenizer
+    tags = (tok.convert_tokens_to_ids("<answer>"), tok.convert_tokens_to_ids("</answer>"))
+    report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags)
+    module.cold_start_report = report
+    module.cold_start_seconds = time.perf_counter() - t0
+    if cfg.report_budgets and held_out:
+        from paravt.modules.report import budget_eval
+
+        t1 = time.perf_counter()
+        module.report_samples = list(held_out)[: cfg.report_limit]
+        module.report_budgets = tuple(cfg.report_budgets)
+        module.budget_before = budget_eval(module, module.report_samples, cfg.report_budgets)
+        module.report_seconds = time.perf_counter() - t1
     module.reset_reference()
+    losses = report.losses
     log.info("cold start: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     return losses

@@ -87,6 +87,7 @@ class NeedleConfig:
     coarse_span: int = 2  # the video in halves (2), thirds (3) or quarters (4)
     exact_span: float = 10.0  # seconds of the window an exact hint names
     families: tuple[tuple[str, float], ...] = (("color", 1.0), ("order", 1.0), ("ground", 1.0))
+    shuffle_options: bool = True  # False: colour options in palette order (a fixed A-D mapping)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -194,6 +195,7 @@ class _Scene:
     palette: tuple[str, ...]
     hint: str
     fps: float
+    shuffle: bool = True
 
 
 def _color_question(rng: np.random.Generator, scene: _Scene) -> _Question:
@@ -203,7 +205,10 @@ def _color_question(rng: np.random.Generator, scene: _Scene) -> _Question:
     rest = [c for c in dict.fromkeys(scene.palette) if c != needle.color and c not in lures]
     wrong = lures + [rest[i] for i in rng.permutation(len(rest))]
     options = [needle.color, *wrong[:3]]
-    options = [options[i] for i in rng.permutation(len(options))]
+    order = rng.permutation(len(options))
+    options = (
+        [options[i] for i in order] if scene.shuffle else sorted(options, key=scene.palette.index)
+    )
     text = f"What colour is the {needle.shape} that appears {scene.hint or 'in the video'}?"
     answer = LETTERS[options.index(needle.color)]
     return _Question(text + _options_block(options), answer, "mcq", tuple(options))
@@ -287,7 +292,7 @@ def _plan(cfg: NeedleConfig, split: str, index: int) -> tuple[dict, list[Needle]
         needles.append(Needle(colour, shape, start, start + length, x, y, size, is_target))
     targets = tuple(n for n in needles if n.target)
     others = tuple(n for n in needles if not n.target)
-    scene = _Scene(targets, others, cfg.palette, hint, cfg.fps)
+    scene = _Scene(targets, others, tuple(cfg.palette), hint, cfg.fps, cfg.shuffle_options)
     question = FAMILIES[family](rng, scene)
     sample_id = f"needle-{split}-{index:05d}"
     row = {
@@ -378,6 +383,31 @@ def generate(cfg: NeedleConfig, out_dir: str | Path) -> dict[str, Path]:
     return written
 
 
+def needle_data_matches(cfg: NeedleConfig, out_dir: str | Path) -> bool:
+    """Whether `out_dir` holds both splits generated from exactly `cfg` (its config.json)."""
+    out = Path(out_dir)
+    record = out / "config.json"
+    if not all((out / f).exists() for f in ("config.json", "train.jsonl", "eval.jsonl")):
+        return False
+    try:
+        saved = json.loads(record.read_text())
+    except json.JSONDecodeError:
+        return False
+    return saved == json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def ensure_needle_data(cfg: NeedleConfig, out_dir: str | Path) -> bool:
+    """Generate the data into `out_dir` unless it was generated from `cfg`; True if (re)written.
+
+    Stale videos of an earlier config are overwritten sample by sample; the .jsonl/.parquet files
+    list only the current config's samples, so leftovers are never read.
+    """
+    if needle_data_matches(cfg, out_dir):
+        return False
+    generate(cfg, out_dir)
+    return True
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -393,6 +423,7 @@ _CLI_TYPES: dict[str, Callable[[str], object]] = {
     "palette": _names,
     "shapes": _names,
     "families": _weights,
+    "shuffle_options": lambda text: text.strip().lower() in ("1", "true", "yes"),
 }
 
 

@@ -138,3 +138,37 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
 def test_unknown_cli_command_is_named(capsys):
     assert cli_main(["make-tiny"]) == 2
     assert "unknown command 'make-tiny'" in capsys.readouterr().err
+
+
+def test_tiny_checkpoint_is_rebuilt_when_the_asked_sizes_differ(tmp_path):
+    import json
+
+    from paravt.models.loading import ensure_tiny
+
+    path = tmp_path / "tiny"
+    ensure_tiny(path, "qwen3_vl", {"hidden_size": 32, "num_heads": 2})
+    assert json.loads((path / "config.json").read_text())["text_config"]["hidden_size"] == 32
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    ensure_tiny(path, "qwen3_vl", {"hidden_size": 32, "num_heads": 2})  # same sizes: kept
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    ensure_tiny(path, "qwen3_vl", {"hidden_size": 48, "num_heads": 2})
+    assert json.loads((path / "config.json").read_text())["text_config"]["hidden_size"] == 48
+
+
+def test_tiny_sizes_with_an_unknown_key_are_refused_with_the_valid_keys(tmp_path):
+    import pytest
+
+    from paravt.models.loading import ensure_tiny
+
+    with pytest.raises(ValueError, match="valid keys"):
+        ensure_tiny(tmp_path / "tiny", "qwen3_vl", {"hiden_size": 32})
+
+
+def test_tiny_qwen3_image_and_video_processors_share_the_normalisation(tmp_path):
+    from transformers import AutoProcessor
+
+    from paravt.models.tiny import build_tiny_model
+
+    proc = AutoProcessor.from_pretrained(build_tiny_model(tmp_path / "t"))
+    assert list(proc.image_processor.image_mean) == list(proc.video_processor.image_mean)
+    assert list(proc.image_processor.image_std) == list(proc.video_processor.image_std)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -297,3 +298,16 @@ def test_cli_writes_data_with_every_knob(tmp_path, capsys):
 def test_cli_reports_bad_knobs(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--width", "63"]) == 2
     assert "width and height must be even" in capsys.readouterr().err
+
+
+def test_data_is_regenerated_when_its_config_differs_and_kept_when_not(tmp_path):
+    from paravt.video.synthetic import ensure_needle_data
+
+    small = NeedleConfig(
+        num_train=2, num_eval=1, duration=16.0, fps=1.0, needle_seconds=2.0, seed=5
+    )
+    assert ensure_needle_data(small, tmp_path)
+    assert not ensure_needle_data(small, tmp_path)  # same config: nothing rewritten
+    bigger = dataclasses.replace(small, num_train=3)
+    assert ensure_needle_data(bigger, tmp_path)
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 3

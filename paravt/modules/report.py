@@ -1,0 +1,90 @@
+"""Held-out evaluation per frame budget and the before/after table of a run.
+
+`budget_eval` runs the policy greedily on the same held-out samples at each overview budget K
+(accuracy, f_tau, kappa, and the standard error of the accuracy); `before_after_table` lays two
+such measurements side by side. Pure formatting apart from `budget_eval`'s rollouts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from paravt.rl.metrics import format_compliance
+from paravt.rollout.engine import SamplingParams
+from paravt.types import Sample
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """Greedy held-out figures at one frame budget."""
+
+    budget: int
+    samples: int
+    accuracy: float
+    f_tau: float
+    kappa: float  # tool calls per trajectory
+
+    @property
+    def stderr(self) -> float:
+        """Standard error of the accuracy (binomial)."""
+        p = self.accuracy
+        return math.sqrt(max(p * (1 - p), 0.0) / max(self.samples, 1))
+
+
+def budget_eval(module, samples: Sequence[Sample], budgets: Sequence[int]) -> list[BudgetResult]:
+    """Run `module.agent` greedily on `samples` at every budget and score with `module.score`."""
+    out = []
+    was_training = module.policy.training
+    module.policy.eval()
+    for k in budgets:
+        trajs = module.agent.run(list(samples), [k] * len(samples), 1, SamplingParams(greedy=True))
+        rewards = [module.score(t, s) for t, s in zip(trajs, samples, strict=True)]
+        n = max(len(samples), 1)
+        out.append(
+            BudgetResult(
+                budget=k,
+                samples=len(samples),
+                accuracy=sum(r.accuracy for r in rewards) / n,
+                f_tau=sum(format_compliance(r) for r in rewards) / n,
+                kappa=sum(t.num_calls for t in trajs) / n,
+            )
+        )
+    module.policy.train(was_training)
+    return out
+
+
+def pooled(results: Sequence[BudgetResult]) -> BudgetResult:
+    """All budgets' samples pooled into one figure (budget 0 stands for "all")."""
+    n = sum(r.samples for r in results)
+
+    def mean(attr: str) -> float:
+        return sum(getattr(r, attr) * r.samples for r in results) / max(n, 1)
+
+    return BudgetResult(0, n, mean("accuracy"), mean("f_tau"), mean("kappa"))
+
+
+def before_after_table(
+    columns: Mapping[str, Sequence[BudgetResult]],
+) -> list[str]:
+    """Rows `budget | accuracy +- se | f_tau | kappa` for each named column (e.g. before, after)."""
+    names = list(columns)
+    head = "  budget" + "".join(
+        f" | {n + ': accuracy (se)':>24} {'f_tau':>5} {'kappa':>5}" for n in names
+    )
+    lines = [head]
+    by_budget = [{r.budget: r for r in columns[n]} for n in names]
+    budgets = sorted({k for col in by_budget for k in col})
+    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
+    rows.append(("all", [pooled(columns[n]) if columns[n] else None for n in names]))
+    for label, cells in rows:
+        text = f"  {label:<6}"
+        for r in cells:
+            if r is None:
+                text += f" | {'-':>24} {'-':>5} {'-':>5}"
+            else:
+                acc = f"{r.accuracy:.3f} ({r.stderr:.3f}, n={r.samples})"
+                text += f" | {acc:>24} {r.f_tau:5.3f} {r.kappa:5.2f}"
+        lines.append(text)
+    return lines

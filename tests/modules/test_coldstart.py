@@ -1,0 +1,39 @@
+"""Cold start pieces: answer-token mask, schedule, teacher batching, per-budget table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paravt.modules.coldstart import ColdStartConfig, answer_mask, lr_factor
+from paravt.modules.report import BudgetResult, before_after_table, pooled
+
+
+def test_answer_mask_selects_trained_tokens_between_the_answer_tags():
+    # ids: 5 = <answer>, 6 = </answer>
+    ids = torch.tensor([[1, 5, 7, 8, 6, 2, 5, 9, 6], [1, 2, 3, 5, 4, 6, 0, 0, 0]])
+    trained = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0, 0]]).bool()
+    mask = answer_mask(ids, trained, 5, 6)
+    assert mask[0].nonzero().flatten().tolist() == [2, 3]  # the untrained prompt answer is out
+    assert mask[1].nonzero().flatten().tolist() == [4]
+
+
+def test_lr_factor_warms_up_then_decays_to_the_floor():
+    cfg = ColdStartConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    assert lr_factor(55, cfg) < lr_factor(30, cfg)
+    assert lr_factor(50, ColdStartConfig(steps=100)) == 1.0  # defaults: constant
+
+
+def test_before_after_table_pools_budgets_and_states_the_standard_error():
+    before = [BudgetResult(4, 50, 0.4, 1.0, 2.0), BudgetResult(8, 50, 0.6, 1.0, 2.0)]
+    after = [BudgetResult(4, 50, 0.8, 1.0, 2.0), BudgetResult(8, 50, 0.8, 0.9, 1.0)]
+    assert pooled(before).accuracy == pytest.approx(0.5)
+    assert pooled(before).stderr == pytest.approx((0.25 / 100) ** 0.5)
+    lines = before_after_table({"before": before, "after": after})
+    assert len(lines) == 4  # header, K=4, K=8, all
+    assert lines[-1].split()[0] == "all"
+    assert "0.500 (0.050, n=100)" in lines[-1] and "0.800 (0.040, n=100)" in lines[-1]

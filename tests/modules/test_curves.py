@@ -1,0 +1,33 @@
+"""PNG curves are drawn from what the run logged to TensorBoard."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_curves_are_drawn_from_logged_scalars(tmp_path):
+    from PIL import Image
+    from torch.utils.tensorboard import SummaryWriter
+
+    from paravt.modules.curves import read_scalars, write_curves
+
+    writer = SummaryWriter(str(tmp_path / "tb" / "version_0"))
+    for step in range(5):
+        writer.add_scalar("reward/mean", 0.1 * step, step)
+        writer.add_scalar("f_tau", 0.9, step)
+    writer.add_scalar("val/needle/accuracy", 0.3, 0)
+    writer.add_scalar("val/needle/accuracy", 0.6, 4)
+    writer.close()
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars["val/needle/accuracy"] == [(0, pytest.approx(0.3)), (4, pytest.approx(0.6))]
+    paths = write_curves(tmp_path / "tb", tmp_path / "curves")
+    assert [p.name for p in paths] == [
+        "reward.png",
+        "f_tau.png",
+        "kappa.png",
+        "heldout_accuracy.png",
+    ]
+    reward = Image.open(tmp_path / "curves" / "reward.png").convert("RGB")
+    assert (31, 119, 180) in {c for _, c in reward.getcolors(1 << 16)}  # the series was drawn
+    kappa = Image.open(tmp_path / "curves" / "kappa.png").convert("RGB")
+    assert (31, 119, 180) not in {c for _, c in kappa.getcolors(1 << 16)}  # nothing logged
