@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from paravt.modules.build import build_run, maybe_cold_start, summary
+from paravt.sweep import optimized_metric
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -20,8 +21,9 @@ def main(cfg: DictConfig) -> float | None:
     if cfg.export_hf:
         run.module.export_hf(f"{cfg.run_dir}/hf")
     print(summary(cfg, run))
-    reward = run.trainer.callback_metrics.get("reward")
-    return None if reward is None else float(reward)
+    value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
+    print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
+    return value
 
 
 if __name__ == "__main__":
