@@ -115,3 +115,15 @@ def test_rank0_hf_export_loads_with_transformers(runs, single_rank):
     train, _, root = runs
     model = AutoModelForImageTextToText.from_pretrained(root / "train" / "hf")
     assert _max_diff(dict(model.state_dict()), train[0]["weights_4"]) == 0.0
+
+
+def test_lightning_model_parallel_strategy_matches_one_rank(tiny_qwen3_dir, tmp_path, single_rank):
+    """The same loop in a LightningModule whose configure_model applies shard_policy."""
+    ranks = launch(["lightning", str(tiny_qwen3_dir), str(tmp_path)], tmp_path)
+    w2, _, seen = single_rank
+    for res in ranks:
+        assert res["layer_param_type"] == "DTensor"
+        assert _max_diff(res["weights_2"], w2) < 1e-5
+    # Both ranks ran global steps 0 and 1, each on its own half of the prompts.
+    for step, whole in seen[:2]:
+        assert dict(ranks[0]["seen"])[step] + dict(ranks[1]["seen"])[step] == whole

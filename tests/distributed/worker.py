@@ -194,13 +194,68 @@ def scenario_uneven(model, processor, ids: TokenIds, opt) -> dict:
     return {"generated": seq.shape[1] - prompt.shape[1], "micro_batches": count}
 
 
-SCENARIOS = {"train": scenario_train, "resume": scenario_resume}
+def scenario_lightning(model_dir: str, out: Path, ckpt: Path) -> dict:
+    """The same 2 steps through Lightning's ModelParallelStrategy (trainer=fsdp_cpu's class)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.utils.data import DataLoader
+
+    from paravt.modules.fsdp import shard_policy
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.policy, processor = load(model_dir)
+            self.ids = TokenIds.from_tokenizer(processor.tokenizer)
+            self.seen: list = []
+
+        def configure_model(self):
+            shard_policy(self.policy, self.device_mesh["data_parallel"])
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(
+                [p for p in self.policy.parameters() if p.requires_grad], lr=LR
+            )
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            step = int(batch)  # the global step: every rank reads the same loader
+            train_steps(self.policy, self.optimizers(), self.ids, step, step + 1, self.seen)
+
+    module = Module()
+    strategy = ModelParallelStrategy(2, 1, process_group_backend="gloo")  # 2-way data parallel
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(module, DataLoader(list(range(2)), batch_size=None))
+    res = {"weights_2": full_weights(module.policy), "seen": module.seen}
+    res["layer_param_type"] = type(next(module.policy.model.language_model.parameters())).__name__
+    return res
+
+
+SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
 
 
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     scenario, model_dir, out = argv[0], argv[1], Path(argv[2])
     ckpt = Path(argv[3]) if len(argv) > 3 else out / "ckpt"
+    if scenario == "lightning":  # Lightning sets up (and owns) the process group
+        res = scenario_lightning(model_dir, out, ckpt)
+        torch.save(res, out / f"rank{dist.get_rank()}.pt")
+        return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         res = SCENARIOS[scenario](model_dir, out, ckpt)

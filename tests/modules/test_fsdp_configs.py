@@ -42,6 +42,7 @@ def test_distributed_experiments_instantiate_their_trainer(name, tmp_path):
     assert isinstance(trainer.strategy, ModelParallelStrategy)
     assert trainer.num_devices == 2 and type(trainer.accelerator).__name__ == "CPUAccelerator"
     assert trainer.strategy._process_group_backend == "gloo"
+    assert trainer.strategy._data_parallel_size == 2  # follows trainer.devices
 
 
 def test_fsdp_gpu_recipe_values(tmp_path):
