@@ -110,10 +110,14 @@ def token_loss_scale(local_tokens: int, global_tokens: float, world_size: int) -
     return local_tokens / global_tokens * world_size
 
 
-def generate_sync_kwargs(group: dist.ProcessGroup | None = None) -> dict[str, bool]:
-    """Extra `model.generate` kwargs: `synced_gpus=True` whenever more than one rank runs.
+def generate_sync_kwargs(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> dict:
+    """Extra `model.generate` kwargs: `synced_gpus=True` when `model` is sharded over ranks.
 
     A sharded model's forward is a collective; a rank whose sequences all stopped must keep
-    running (discarded) forward passes until every rank has stopped.
+    running (discarded) forward passes until every rank has stopped. An unsharded model (one
+    process, or an engine's own full copy) must not sync: its ranks generate independently.
     """
-    return {"synced_gpus": True} if Rank.current(group).world_size > 1 else {}
+    from torch.distributed.tensor import DTensor
+
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    return {"synced_gpus": True} if sharded and Rank.current(group).world_size > 1 else {}

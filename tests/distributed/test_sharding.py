@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from paravt.distributed import (
     MicroBatch,
@@ -39,7 +40,7 @@ def test_uneven_batch_names_the_fix():
 def test_single_process_needs_no_process_group():
     assert Rank.current() == Rank(0, 1)
     assert agree_max(3) == 3 and global_sum(2.5) == 2.5
-    assert generate_sync_kwargs() == {}
+    assert generate_sync_kwargs(torch.nn.Linear(2, 2)) == {}
     # Without other ranks nothing is padded; empty chunks are dropped.
     assert pad_micro_batches([[0, 1], [], [2]]) == [MicroBatch((0, 1)), MicroBatch((2,))]
 
@@ -51,3 +52,20 @@ def test_token_loss_scale_recovers_the_global_token_mean():
     s0, s1 = token_loss_scale(3, 4, 2), token_loss_scale(1, 4, 2)
     assert (s0 * 1.0 + s1 * 5.0) / 2 == pytest.approx(2.0)
     assert token_loss_scale(0, 0, 2) == 0.0
+
+
+def test_rollout_datamodule_batches_are_sharded_per_rank_with_a_global_step():
+    from paravt.data.rollout_datamodule import _StepBatches
+
+    pool = [f"s{i}" for i in range(6)]  # 6 prompts, B = 4: step 1 crosses into epoch 1
+
+    def batches(rank, world):
+        data = _StepBatches(pool, 4, seed=3, shuffle=True, start=1, steps=3, rank=rank, world=world)
+        return [data[i] for i in range(len(data))]
+
+    whole, r0, r1 = batches(0, 1), batches(0, 2), batches(1, 2)
+    assert len(whole) == len(r0) == len(r1) == 3  # every rank reads every step
+    for w, a, b in zip(whole, r0, r1, strict=True):
+        assert w.step == a.step == b.step and w.epoch == a.epoch == b.epoch
+        assert a.samples + b.samples == w.samples and len(a.samples) == 2
+    assert [w.step for w in whole] == [1, 2, 3]

@@ -185,7 +185,7 @@ def scenario_uneven(model, processor, ids: TokenIds, opt) -> dict:
             min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=tok.pad_token_id,
-            **generate_sync_kwargs(),
+            **generate_sync_kwargs(model),
         )
     n = 1 if me.rank == 0 else 6
     trajs = [t for p in range(n) for t in trajectories(p, 99)]
