@@ -135,7 +135,8 @@ def load_buckets(target: nn.Module, buckets) -> int:
 
 
 def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = False) -> dict:
-    """{"model", "optimizer"} state dicts: sharded DTensors (for DCP) or full CPU tensors."""
+    """{"model", "optimizer"} state dicts: sharded DTensors (for DCP), or with `full` plain CPU
+    tensors on rank 0 (the other ranks take part in the gathers and get empty dicts)."""
     opts = StateDictOptions(full_state_dict=full, cpu_offload=full)
     return {
         "model": get_model_state_dict(model, options=opts),
@@ -143,13 +144,10 @@ def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, full: boo
     }
 
 
-def load_train_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, *, full: bool = False
-) -> None:
-    """Inverse of `train_state` (full state dicts are read on rank 0 and broadcast)."""
-    opts = StateDictOptions(full_state_dict=full, broadcast_from_rank0=full and _dist())
-    set_model_state_dict(model, state["model"], options=opts)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)
+def load_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Inverse of `train_state(..., full=False)`: sharded state dicts back into place."""
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def save_checkpoint(path: str | Path, model, optimizer, extra: dict | None = None) -> None:

@@ -62,8 +62,10 @@ def launch(args: list[str], out: Path, world_size: int = 2, timeout: float = 420
     finally:
         for _, log in procs:
             log.close()
-    for rank, (proc, _) in enumerate(procs):
-        if proc.returncode:
-            tail = (out / f"rank{rank}.log").read_text()[-3000:]
-            raise AssertionError(f"rank {rank} exited with {proc.returncode}:\n{tail}")
+    failed = [r for r, (proc, _) in enumerate(procs) if proc.returncode]
+    if failed:
+        tails = "\n".join(
+            f"--- rank {r}:\n" + (out / f"rank{r}.log").read_text()[-2000:] for r in failed
+        )
+        raise AssertionError(f"ranks {failed} failed:\n{tails}")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

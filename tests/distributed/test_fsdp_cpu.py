@@ -79,6 +79,19 @@ def test_iter_full_state_dict_reproduces_weights_in_buckets(runs):
         assert all(s >= 64 << 10 for s in sizes[:-1])
 
 
+def test_engine_copy_and_full_train_state_hold_the_trained_weights(runs, single_rank):
+    train, _, _ = runs
+    _, w4, _ = single_rank
+    trainable = sum(1 for k in w4 if "visual" not in k)  # AdamW state: one entry per trainable
+    for res in train:
+        assert res["engine_copied"] == len(w4)
+        assert res["engine_diff"] == 0.0
+    # The full train state (CPU tensors, for a rank-0 export) exists on rank 0 only.
+    assert train[0]["full_state_sizes"] == (len(w4), trainable)
+    assert train[1]["full_state_sizes"] == (0, 0)
+    assert train[0]["full_state_diff"] == 0.0 and train[0]["full_state_is_plain"]
+
+
 def test_two_ranks_equal_one_rank_with_the_same_global_batch(runs, single_rank):
     train, _, _ = runs
     w2, w4, seen = single_rank

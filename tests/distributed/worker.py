@@ -153,8 +153,31 @@ def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
     train_steps(model, opt, ids, 2, 4, seen)
     res["weights_4"] = full_weights(model)
     res["seen"] = seen
+    res |= _engine_and_full_state(model_dir, model, opt, res["weights_4"])
     export_hf(model, processor, out / "hf")
     res |= scenario_uneven(model, processor, ids, opt)
+    return res
+
+
+def _engine_and_full_state(model_dir: str, model, opt, weights: dict) -> dict:
+    """An unsharded engine copy filled bucket by bucket; the full (rank-0 style) train state."""
+    from paravt.modules.fsdp import iter_full_state_dict, load_buckets, train_state
+
+    engine, _ = load(model_dir)
+    copied = load_buckets(engine, iter_full_state_dict(model, bucket_bytes=32 << 10))
+    full = train_state(model, opt, full=True)  # rank 0 holds it; the others get empty dicts
+    res = {
+        "engine_copied": copied,
+        "engine_diff": max(
+            float((engine.state_dict()[k] - v).abs().max()) for k, v in weights.items()
+        ),
+        "full_state_sizes": (len(full["model"]), len(full["optimizer"].get("state", {}))),
+    }
+    if Rank.current().rank == 0:
+        res["full_state_diff"] = max(
+            float((full["model"][k] - v).abs().max()) for k, v in weights.items()
+        )
+        res["full_state_is_plain"] = all(type(v) is torch.Tensor for v in full["model"].values())
     return res
 
 
