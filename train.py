@@ -29,6 +29,7 @@ def main(cfg: DictConfig) -> float | None:
     with exit_on_user_error():
         from callbacks.progress import route_lightning_logs
         from paravt.modules.build import build_run, maybe_cold_start, summary
+        from paravt.sweep import optimized_metric
 
         route_lightning_logs()
         if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
@@ -42,8 +43,9 @@ def main(cfg: DictConfig) -> float | None:
         if cfg.export_hf:
             run.module.export_hf(f"{cfg.run_dir}/hf")
         print(summary(cfg, run))
-        reward = run.trainer.callback_metrics.get("reward")
-        return None if reward is None else float(reward)
+        value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
+        print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
+        return value
 
 
 if __name__ == "__main__":

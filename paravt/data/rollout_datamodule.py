@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import epoch_order, load_samples
+from paravt.distributed import shard_prompts
 from paravt.errors import check_data_path, generation_dir, may_generate_data
 from paravt.types import Sample
 
@@ -37,11 +38,13 @@ class PromptBatch:
 
 
 class _StepBatches(Dataset):
-    """Item i is the prompt batch of step `start + i`."""
+    """Item i is rank `rank`'s share (of W) of the prompt batch of global step `start + i`."""
 
-    def __init__(self, samples, batch_size: int, seed: int, shuffle: bool, start: int, steps: int):
+    def __init__(
+        self, samples, batch_size, seed, shuffle, start, steps, rank: int = 0, world: int = 1
+    ):
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
-        self.start, self.steps = start, steps
+        self.start, self.steps, self.rank, self.world = start, steps, rank, world
         self._orders: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
@@ -57,7 +60,8 @@ class _StepBatches(Dataset):
             if e not in self._orders:
                 self._orders[e] = epoch_order(n, e, self.seed, self.shuffle)
             picked.append(self.samples[self._orders[e][k]])
-        return PromptBatch(step=step, epoch=epoch, samples=tuple(picked))
+        mine = shard_prompts(picked, self.rank, self.world)
+        return PromptBatch(step=step, epoch=epoch, samples=mine)
 
 
 class PromptDataModule(pl.LightningDataModule):
@@ -110,8 +114,17 @@ class PromptDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         remaining = max(0, self.max_steps - self.consumed)
+        t = self.trainer  # every rank reads every step (trainer.use_distributed_sampler=false)
+        rank, world = (t.global_rank, t.world_size) if t is not None else (0, 1)
         data = _StepBatches(
-            self.train_samples, self.batch_size, self.seed, self.shuffle, self.consumed, remaining
+            self.train_samples,
+            self.batch_size,
+            self.seed,
+            self.shuffle,
+            self.consumed,
+            remaining,
+            rank,
+            world,
         )
         return DataLoader(data, batch_size=None, shuffle=False, num_workers=0)
 

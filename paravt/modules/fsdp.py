@@ -1,31 +1,191 @@
-"""Lightning's FSDP strategy for Qwen-VL policies, built from layer class names (Hydra-friendly).
+"""FSDP2 (`fully_shard`) for Qwen-VL policies: the sharding plan, bucketed full weights,
+checkpoint state dicts and a rank-0 HF export.
 
-Not exercised on CPU: FSDP needs a process group on GPUs. The reference model is a plain module
-attribute of the LightningModule, so FSDP shards it with the same wrapping policy.
+The plan: each decoder layer of the language model is its own FSDP unit (all-gathered just
+before its forward, resharded after), and the root unit, applied last, holds the rest: embeddings,
+final norm, lm_head and the frozen vision tower. The vision tower stays in the root on purpose:
+its forward runs only on ranks whose batch holds pixels (a dummy micro-batch has none), and a
+unit of its own would then all-gather on some ranks only and hang.
+
+Runs on CPU over gloo (the tests use 2 ranks) and on GPU over NCCL; mixed precision (bf16
+parameters, fp32 gradient reduction) is applied on GPU only. This file deliberately does not
+build process groups or meshes (Lightning's ModelParallelStrategy or the caller does) and does
+not decide when to sync an engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+EXTRA_FILE = "paravt_extra.pt"
 
 
-def decoder_layer_classes(names: Sequence[str]) -> set[type]:
-    """Resolve transformers layer class names to classes, skipping those not installed."""
-    import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as q25
-    import transformers.models.qwen3_vl.modeling_qwen3_vl as q3
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The language model's decoder layers of a Qwen-VL (`model.language_model.layers`)."""
+    inner = getattr(model, "model", model)
+    lm = getattr(inner, "language_model", None)
+    layers = getattr(lm, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise AttributeError(
+            f"{type(model).__name__} has no `model.language_model.layers`; shard_policy knows the "
+            "Qwen3-VL / Qwen2.5-VL layout only"
+        )
+    return layers
 
-    found = {getattr(m, n) for n in names for m in (q3, q25) if hasattr(m, n)}
-    if not found:
-        raise ValueError(f"none of the layer classes {list(names)} exist in transformers")
-    return found
+
+def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction on GPU; full fp32 (no policy) elsewhere."""
+    if device_type != "cuda":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def fsdp_strategy(layer_classes: Sequence[str], sharding_strategy: str = "FULL_SHARD", **kwargs):
-    from lightning.pytorch.strategies import FSDPStrategy
+def shard_policy(
+    model: nn.Module,
+    mesh=None,
+    *,
+    mixed_precision: MixedPrecisionPolicy | None = None,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """Shard `model` in place over `mesh` (1-D data-parallel; None: the default group).
 
-    return FSDPStrategy(
-        auto_wrap_policy=decoder_layer_classes(layer_classes),
-        activation_checkpointing_policy=decoder_layer_classes(layer_classes),
-        sharding_strategy=sharding_strategy,
-        **kwargs,
+    Decoder layers one by one, then the root. Frozen parameters (vision tower, a reference
+    model) are sharded the same way and simply get no gradients.
+    """
+    if activation_checkpointing:
+        # Non-reentrant checkpointing recomputes inside the layer's FSDP unit (gather once more).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mixed_precision is not None:
+        kwargs["mp_policy"] = mixed_precision
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def local_numel(module: nn.Module) -> int:
+    """Elements of the parameters this rank holds (its shards only, for DTensors)."""
+    total = 0
+    for p in module.parameters():
+        total += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+    return total
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    # full_tensor() is a collective: every rank calls it for the same tensor in the same order.
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def iter_full_state_dict(
+    module: nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device = "cpu"
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
+
+    Tensors are gathered one by one into a bucket that is yielded once it holds `bucket_bytes`
+    (or at the end); the consumer loads it into its engine and drops it before the next bucket is
+    gathered, so at most one bucket of full weights exists besides the shards. Every rank
+    receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
+    bucket of its own.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in module.state_dict().items():
+        full = _full(tensor.detach()).to(device)
+        bucket.append((name, full))
+        size += full.numel() * full.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def load_buckets(target: nn.Module, buckets) -> int:
+    """Copy the buckets of `iter_full_state_dict` into an unsharded `target`; returns #tensors."""
+    own = target.state_dict()
+    count = 0
+    with torch.no_grad():
+        for bucket in buckets:
+            for name, full in bucket:
+                if name not in own:
+                    raise KeyError(f"engine model has no tensor {name!r}; is it the same model?")
+                own[name].copy_(full)
+                count += 1
+            del bucket
+    return count
+
+
+def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = False) -> dict:
+    """{"model", "optimizer"} state dicts: sharded DTensors (for DCP), or with `full` plain CPU
+    tensors on rank 0 (the other ranks take part in the gathers and get empty dicts)."""
+    opts = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    return {
+        "model": get_model_state_dict(model, options=opts),
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=opts),
+    }
+
+
+def load_train_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Inverse of `train_state(..., full=False)`: sharded state dicts back into place."""
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def save_checkpoint(path: str | Path, model, optimizer, extra: dict | None = None) -> None:
+    """A sharded distributed checkpoint (every rank writes its own shards) plus `extra`, the
+    plain state every rank shares (step, data position, weight version), written by rank 0."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(train_state(model, optimizer), checkpoint_id=str(path))
+    if not _dist() or dist.get_rank() == 0:
+        torch.save(extra or {}, Path(path) / EXTRA_FILE)
+    if _dist():
+        dist.barrier()
+
+
+def load_checkpoint(path: str | Path, model, optimizer) -> dict:
+    """Restore `save_checkpoint`'s model and optimiser in place; returns its `extra` state."""
+    import torch.distributed.checkpoint as dcp
+
+    if not (Path(path) / EXTRA_FILE).exists():
+        raise FileNotFoundError(f"no distributed checkpoint at {path!s}; check ckpt_path")
+    state = train_state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(path))
+    load_train_state(model, optimizer, state)
+    return torch.load(Path(path) / EXTRA_FILE, weights_only=False)
+
+
+def export_hf(model, processor, path: str | Path) -> None:
+    """One full HF checkpoint from the sharded `model`, written by rank 0 (all ranks call it)."""
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    if not _dist() or dist.get_rank() == 0:
+        model.save_pretrained(str(path), state_dict=full)
+        if processor is not None:
+            processor.save_pretrained(str(path))
+    if _dist():
+        dist.barrier()
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from paravt.distributed import generate_sync_kwargs
 from paravt.rl.logprobs import token_logprobs
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
 from paravt.types import Visual
@@ -109,6 +110,7 @@ class TransformersEngine:
             pad_token_id=self.pad_id,
             output_logits=True,
             return_dict_in_generate=True,
+            **generate_sync_kwargs(self.model),  # sharded: step until every rank is done
             **kwargs,
         )
         self.model.train(was_training)

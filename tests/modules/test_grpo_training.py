@@ -75,7 +75,7 @@ def test_every_experiment_composes_and_instantiates(name, tmp_path):
         instantiate(cfg.trainer)
     else:
         strategy = instantiate(cfg.trainer.strategy)
-        assert type(strategy).__name__ == "FSDPStrategy"
+        assert type(strategy).__name__ == "ModelParallelStrategy"
 
 
 def test_paper_recipe_values_reach_the_objects(tmp_path):

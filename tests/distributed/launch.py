@@ -1,0 +1,71 @@
+"""Start W worker processes over gloo on this machine and collect what each rank wrote.
+
+A plain subprocess launcher (what torchrun does, minus elasticity): one free loopback port, the
+RANK / WORLD_SIZE / MASTER_* environment, one thread per rank, a hard wall-clock limit so a hang
+fails the test instead of the CI job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+WORKER = Path(__file__).with_name("worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], out: Path, world_size: int = 2, timeout: float = 420) -> list[dict]:
+    """Run `worker.py *args` on `world_size` ranks; returns each rank's saved results."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = str(_free_port())
+    procs = []
+    for rank in range(world_size):
+        env = os.environ | {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after wait
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
+        )
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for proc, _ in procs:
+            proc.kill()
+        raise AssertionError(f"distributed worker hung past {timeout}s; logs in {out}") from None
+    finally:
+        for _, log in procs:
+            log.close()
+    failed = [r for r, (proc, _) in enumerate(procs) if proc.returncode]
+    if failed:
+        tails = "\n".join(
+            f"--- rank {r}:\n" + (out / f"rank{r}.log").read_text()[-2000:] for r in failed
+        )
+        raise AssertionError(f"ranks {failed} failed:\n{tails}")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -1,0 +1,71 @@
+"""Data-parallel rules on one process: prompt shards, padded micro-batch lists, loss scales."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paravt.distributed import (
+    MicroBatch,
+    Rank,
+    agree_max,
+    generate_sync_kwargs,
+    global_sum,
+    pad_micro_batches,
+    shard_prompts,
+    token_loss_scale,
+)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_shards_partition_the_global_batch_in_order(world):
+    prompts = [f"p{i}" for i in range(16)]
+    shards = [shard_prompts(prompts, r, world) for r in range(world)]
+    assert [p for s in shards for p in s] == prompts
+    assert {len(s) for s in shards} == {16 // world}
+
+
+def test_rank_1_of_2_gets_the_second_half():
+    # B = 4, W = 2: rank 1 takes prompts 2 and 3 (and so all their G rollouts).
+    assert shard_prompts(["a", "b", "c", "d"], 1, 2) == ("c", "d")
+
+
+def test_uneven_batch_names_the_fix():
+    with pytest.raises(ValueError, match=r"data.batch_size=7 .* multiple of 2 \(e.g. 8\)"):
+        shard_prompts(list(range(7)), 0, 2)
+    with pytest.raises(ValueError, match="rank 2 is not in a world of size 2"):
+        shard_prompts(list(range(4)), 2, 2)
+
+
+def test_single_process_needs_no_process_group():
+    assert Rank.current() == Rank(0, 1)
+    assert agree_max(3) == 3 and global_sum(2.5) == 2.5
+    assert generate_sync_kwargs(torch.nn.Linear(2, 2)) == {}
+    # Without other ranks nothing is padded; empty chunks are dropped.
+    assert pad_micro_batches([[0, 1], [], [2]]) == [MicroBatch((0, 1)), MicroBatch((2,))]
+
+
+def test_token_loss_scale_recovers_the_global_token_mean():
+    # Rank 0: 3 tokens with per-token loss 1; rank 1: 1 token with loss 5.
+    # Global token mean = (3*1 + 1*5) / 4 = 2. FSDP averages the 2 ranks' losses:
+    # (scale0 * 1 + scale1 * 5) / 2 = (3/4*2*1 + 1/4*2*5) / 2 = (1.5 + 2.5) / 2 = 2.
+    s0, s1 = token_loss_scale(3, 4, 2), token_loss_scale(1, 4, 2)
+    assert (s0 * 1.0 + s1 * 5.0) / 2 == pytest.approx(2.0)
+    assert token_loss_scale(0, 0, 2) == 0.0
+
+
+def test_rollout_datamodule_batches_are_sharded_per_rank_with_a_global_step():
+    from paravt.data.rollout_datamodule import _StepBatches
+
+    pool = [f"s{i}" for i in range(6)]  # 6 prompts, B = 4: step 1 crosses into epoch 1
+
+    def batches(rank, world):
+        data = _StepBatches(pool, 4, seed=3, shuffle=True, start=1, steps=3, rank=rank, world=world)
+        return [data[i] for i in range(len(data))]
+
+    whole, r0, r1 = batches(0, 1), batches(0, 2), batches(1, 2)
+    assert len(whole) == len(r0) == len(r1) == 3  # every rank reads every step
+    for w, a, b in zip(whole, r0, r1, strict=True):
+        assert w.step == a.step == b.step and w.epoch == a.epoch == b.epoch
+        assert a.samples + b.samples == w.samples and len(a.samples) == 2
+    assert [w.step for w in whole] == [1, 2, 3]

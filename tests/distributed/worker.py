@@ -1,0 +1,292 @@
+"""One rank of the distributed tests: `python worker.py SCENARIO MODEL_DIR OUT_DIR [CKPT_DIR]`.
+
+Launched W times by `tests/distributed/launch.py` (RANK / WORLD_SIZE / MASTER_* in the
+environment, gloo on CPU). Each rank writes what it saw to OUT_DIR/rank{r}.pt; the tests assert
+on those files. `train_steps` is also run in the test process itself (one rank, no FSDP) as the
+reference the sharded run must reproduce.
+
+The loop is a real PARA-GRPO update in miniature: a global batch of B prompts x G synthetic
+trajectories per step, group advantages (`compute_advantages`), the PPO loss of `paravt.rl`
+with token-mean aggregation over the global batch, token-budget micro-batches padded to equal
+counts across ranks, gradient clipping, AdamW.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paravt.distributed import (
+    Rank,
+    generate_sync_kwargs,
+    global_sum,
+    pad_micro_batches,
+    shard_prompts,
+    token_loss_scale,
+)
+from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.rl.losses import get_policy_loss
+from paravt.rl.objective import AdvantageConfig, compute_advantages, token_budget_chunks
+from paravt.types import Trajectory
+
+PROMPTS, B, G = 12, 4, 2  # a pool of prompts; B prompts x G rollouts per global step
+MICRO_TOKENS = 48
+LR = 1e-3
+
+
+def load(model_dir: str):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    model.model.visual.requires_grad_(False)
+    return model, AutoProcessor.from_pretrained(model_dir)
+
+
+def step_prompts(step: int) -> list[int]:
+    """The global batch of `step`: a seeded permutation of the pool, B at a time."""
+    per_epoch = PROMPTS // B
+    order = list(range(PROMPTS))
+    random.Random(1000 + step // per_epoch).shuffle(order)
+    k = step % per_epoch
+    return order[k * B : (k + 1) * B]
+
+
+def trajectories(prompt: int, step: int) -> list[Trajectory]:
+    """G text-only rollouts of `prompt` at `step`, of varied lengths (ids avoid special tokens)."""
+    out = []
+    for g in range(G):
+        rng = random.Random(prompt * 7919 + step * 104729 + g)
+        plen, rlen = rng.randint(3, 6), rng.randint(2, 14)
+        ids = tuple(rng.randrange(10, 480) for _ in range(plen + rlen))
+        mask = (0,) * plen + (1,) * rlen
+        out.append(Trajectory(f"p{prompt}", g, ids, mask, (0.0,) * len(ids), (), plen))
+    return out
+
+
+def reward(traj: Trajectory) -> float:
+    return float(sum(traj.token_ids) % 5) / 4.0
+
+
+def update(model, opt, trajs: list[Trajectory], adv: torch.Tensor, ids: TokenIds) -> int:
+    """One optimiser step over this rank's trajectories; returns the micro-batch count run."""
+    me = Rank.current()
+    lengths = [len(t.token_ids) for t in trajs]
+    total = global_sum(sum(t.num_trained_tokens for t in trajs))
+    micro = pad_micro_batches(token_budget_chunks(lengths, MICRO_TOKENS))
+    loss_fn = get_policy_loss("ppo")
+    for mb in micro:
+        chosen = [trajs[i] for i in mb.indices]
+        logp, batch, _ = trajectory_logprobs(model, chosen, ids)
+        mask = batch.loss_mask
+        a = adv[list(mb.indices)]
+        loss, _ = loss_fn(logp, logp.detach(), logp.detach(), a, mask, 0.2, 0.2)
+        n = sum(t.num_trained_tokens for t in chosen)
+        scale = 0.0 if mb.dummy else token_loss_scale(n, total, me.world_size)
+        (loss * scale).backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return len(micro)
+
+
+def train_steps(model, opt, ids: TokenIds, start: int, stop: int, seen: list) -> None:
+    me = Rank.current()
+    for step in range(start, stop):
+        mine = shard_prompts(step_prompts(step), me.rank, me.world_size)
+        seen.append((step, tuple(mine)))
+        trajs = [t for p in mine for t in trajectories(p, step)]
+        rewards = torch.tensor([reward(t) for t in trajs]).view(len(mine), G)
+        adv = compute_advantages(rewards, AdvantageConfig()).values
+        update(model, opt, trajs, adv, ids)
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    from paravt.modules.fsdp import iter_full_state_dict
+
+    return {n: t.clone() for bucket in iter_full_state_dict(model) for n, t in bucket}
+
+
+def _shard_report(model, reference, before: dict) -> dict:
+    from paravt.modules.fsdp import decoder_layers, local_numel
+
+    layer = decoder_layers(model)[0]
+    return {
+        "policy_full": sum(p.numel() for p in model.parameters()),
+        "policy_local": local_numel(model),
+        "reference_full": sum(p.numel() for p in reference.parameters()),
+        "reference_local": local_numel(reference),
+        "layer_param_type": type(next(layer.parameters())).__name__,
+        "before": before,
+    }
+
+
+def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
+    from paravt.modules.fsdp import export_hf, iter_full_state_dict, save_checkpoint, shard_policy
+
+    model, processor = load(model_dir)
+    reference, _ = load(model_dir)
+    reference.requires_grad_(False).eval()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    before = {"policy_local": sum(p.numel() for p in model.parameters())}
+    shard_policy(model, activation_checkpointing=False)
+    shard_policy(reference)
+    res = _shard_report(model, reference, before)
+    buckets = list(iter_full_state_dict(model, bucket_bytes=64 << 10))
+    res["bucket_sizes"] = [sum(t.numel() * t.element_size() for _, t in b) for b in buckets]
+    gathered = {n: t for b in buckets for n, t in b}
+    res["full_keys_match"] = sorted(gathered) == sorted(original)
+    res["full_max_diff"] = max(float((gathered[k] - v).abs().max()) for k, v in original.items())
+    del buckets, gathered
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    seen: list = []
+    train_steps(model, opt, ids, 0, 2, seen)
+    res["weights_2"] = full_weights(model)
+    # Only state shared by every rank goes into `extra` (rank 0 writes it): the global step.
+    save_checkpoint(ckpt, model, opt, extra={"step": 2})
+    train_steps(model, opt, ids, 2, 4, seen)
+    res["weights_4"] = full_weights(model)
+    res["seen"] = seen
+    res |= _engine_and_full_state(model_dir, model, opt, res["weights_4"])
+    export_hf(model, processor, out / "hf")
+    res |= scenario_uneven(model, processor, ids, opt)
+    return res
+
+
+def _engine_and_full_state(model_dir: str, model, opt, weights: dict) -> dict:
+    """An unsharded engine copy filled bucket by bucket; the full (rank-0 style) train state."""
+    from paravt.modules.fsdp import iter_full_state_dict, load_buckets, train_state
+
+    engine, _ = load(model_dir)
+    copied = load_buckets(engine, iter_full_state_dict(model, bucket_bytes=32 << 10))
+    full = train_state(model, opt, full=True)  # rank 0 holds it; the others get empty dicts
+    res = {
+        "engine_copied": copied,
+        "engine_diff": max(
+            float((engine.state_dict()[k] - v).abs().max()) for k, v in weights.items()
+        ),
+        "full_state_sizes": (len(full["model"]), len(full["optimizer"].get("state", {}))),
+    }
+    if Rank.current().rank == 0:
+        res["full_state_diff"] = max(
+            float((full["model"][k] - v).abs().max()) for k, v in weights.items()
+        )
+        res["full_state_is_plain"] = all(type(v) is torch.Tensor for v in full["model"].values())
+    return res
+
+
+def scenario_resume(model_dir: str, out: Path, ckpt: Path) -> dict:
+    from paravt.modules.fsdp import load_checkpoint, shard_policy
+
+    model, processor = load(model_dir)
+    shard_policy(model)
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    extra = load_checkpoint(ckpt, model, opt)
+    seen: list = []
+    train_steps(model, opt, ids, extra["step"], 4, seen)
+    return {"weights_4": full_weights(model), "seen": seen, "resumed_at": extra["step"]}
+
+
+def scenario_uneven(model, processor, ids: TokenIds, opt) -> dict:
+    """Rank 1 generates 12x more tokens and runs 3x the micro-batches of rank 0: no hang."""
+    me = Rank.current()
+    tok = processor.tokenizer
+    new_tokens = 2 if me.rank == 0 else 24
+    prompt = torch.tensor([[11, 12, 13, 14]])
+    with torch.no_grad():
+        seq = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            **generate_sync_kwargs(model),
+        )
+    n = 1 if me.rank == 0 else 6
+    trajs = [t for p in range(n) for t in trajectories(p, 99)]
+    adv = torch.linspace(-1, 1, len(trajs))
+    count = update(model, opt, trajs, adv, ids)
+    return {"generated": seq.shape[1] - prompt.shape[1], "micro_batches": count}
+
+
+def scenario_lightning(model_dir: str, out: Path, ckpt: Path) -> dict:
+    """The same 2 steps through Lightning's ModelParallelStrategy (trainer=fsdp_cpu's class)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.utils.data import DataLoader
+
+    from paravt.modules.fsdp import shard_policy
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.policy, processor = load(model_dir)
+            self.ids = TokenIds.from_tokenizer(processor.tokenizer)
+            self.seen: list = []
+
+        def configure_model(self):
+            shard_policy(self.policy, self.device_mesh["data_parallel"])
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(
+                [p for p in self.policy.parameters() if p.requires_grad], lr=LR
+            )
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            step = int(batch)  # the global step: every rank reads the same loader
+            train_steps(self.policy, self.optimizers(), self.ids, step, step + 1, self.seen)
+
+    module = Module()
+    strategy = ModelParallelStrategy(2, 1, process_group_backend="gloo")  # 2-way data parallel
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(module, DataLoader(list(range(2)), batch_size=None))
+    res = {"weights_2": full_weights(module.policy), "seen": module.seen}
+    res["layer_param_type"] = type(next(module.policy.model.language_model.parameters())).__name__
+    return res
+
+
+SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    scenario, model_dir, out = argv[0], argv[1], Path(argv[2])
+    ckpt = Path(argv[3]) if len(argv) > 3 else out / "ckpt"
+    if scenario == "lightning":  # Lightning sets up (and owns) the process group
+        res = scenario_lightning(model_dir, out, ckpt)
+        torch.save(res, out / f"rank{dist.get_rank()}.pt")
+        return
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        res = SCENARIOS[scenario](model_dir, out, ckpt)
+        torch.save(res, out / f"rank{dist.get_rank()}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(sys.argv[1:])
