@@ -38,7 +38,12 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from paravt.rewards.accuracy import extract_answer, extract_option_letter, parse_interval
+from paravt.rewards.accuracy import (
+    clock_seconds,
+    extract_answer,
+    extract_option_letter,
+    parse_interval,
+)
 
 LETTERS = "ABCDEFGHIJ"
 RECALL_THRESHOLDS: tuple[float, ...] = (0.3, 0.5, 0.7)
@@ -145,19 +150,12 @@ _LABELLED_RE = re.compile(
 )
 
 
-def _clock_seconds(token: str) -> float:
-    value = 0.0
-    for part in token.split(":"):
-        value = value * 60 + float(part)
-    return value
-
-
 def parse_labelled_interval(text: str) -> tuple[float, float] | None:
     """(start, end) from "Start time: 24.0 s ... End time: 30.0 s" (the first of each label);
     None unless both labels carry a number. A reversed pair is swapped."""
     found: dict[str, float] = {}
     for match in _LABELLED_RE.finditer(text):
-        found.setdefault(match.group(1).lower(), _clock_seconds(match.group(2)))
+        found.setdefault(match.group(1).lower(), clock_seconds(match.group(2)))
     if "start" not in found or "end" not in found:
         return None
     return (min(found["start"], found["end"]), max(found["start"], found["end"]))

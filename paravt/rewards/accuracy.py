@@ -232,7 +232,7 @@ _INTERVAL_RE = re.compile(
 )
 
 
-def _seconds(token: str) -> float:
+def clock_seconds(token: str) -> float:
     """'12.5' -> 12.5, '01:30' -> 90, '1:02:03' -> 3723."""
     total = 0.0
     for part in token.split(":"):
@@ -251,7 +251,7 @@ def parse_interval(text: str) -> tuple[float, float] | None:
     if found is None:
         return None
     groups = [g for g in found.groups() if g is not None]
-    start, end = _seconds(groups[0]), _seconds(groups[1])
+    start, end = clock_seconds(groups[0]), clock_seconds(groups[1])
     if not (math.isfinite(start) and math.isfinite(end)):
         return None
     return (min(start, end), max(start, end))
