@@ -108,7 +108,7 @@ def _cold_start_lines(module) -> list[str]:
     return lines
 
 
-def _before_after_lines(module) -> list[str]:
+def _before_after_lines(module, agent) -> list[str]:
     """Per-budget held-out table: after the cold start vs now (the same samples, greedy)."""
     before = getattr(module, "budget_before", None)
     if not before:
@@ -118,7 +118,7 @@ def _before_after_lines(module) -> list[str]:
     from paravt.modules.report import before_after_table, budget_eval
 
     t0 = time.perf_counter()
-    after = budget_eval(module, module.report_samples, module.report_budgets)
+    after = budget_eval(module, agent, module.report_samples, module.report_budgets)
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
     seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
@@ -162,7 +162,7 @@ def summary(cfg: DictConfig, run: Run) -> str:
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
-    lines += _before_after_lines(run.module)
+    lines += _before_after_lines(run.module, run.datamodule.agent)
     lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

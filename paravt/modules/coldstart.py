@@ -185,7 +185,7 @@ def cold_start(
         t1 = time.perf_counter()
         module.report_samples = list(held_out)[: cfg.report_limit]
         module.report_budgets = tuple(cfg.report_budgets)
-        module.budget_before = budget_eval(module, module.report_samples, cfg.report_budgets)
+        module.budget_before = budget_eval(module, agent, module.report_samples, cfg.report_budgets)
         module.report_seconds = time.perf_counter() - t1
     module.reset_reference()
     losses = report.losses

@@ -33,13 +33,16 @@ class BudgetResult:
         return math.sqrt(max(p * (1 - p), 0.0) / max(self.samples, 1))
 
 
-def budget_eval(module, samples: Sequence[Sample], budgets: Sequence[int]) -> list[BudgetResult]:
-    """Run `module.agent` greedily on `samples` at every budget and score with `module.score`."""
+def budget_eval(
+    module, agent, samples: Sequence[Sample], budgets: Sequence[int]
+) -> list[BudgetResult]:
+    """Run `agent` (on `module.policy`) greedily on `samples` at every budget; score them with
+    `module.score`."""
     out = []
     was_training = module.policy.training
     module.policy.eval()
     for k in budgets:
-        trajs = module.agent.run(list(samples), [k] * len(samples), 1, SamplingParams(greedy=True))
+        trajs = agent.run(list(samples), [k] * len(samples), 1, SamplingParams(greedy=True))
         rewards = [module.score(t, s) for t, s in zip(trajs, samples, strict=True)]
         n = max(len(samples), 1)
         out.append(
