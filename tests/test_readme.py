@@ -146,7 +146,7 @@ def test_each_command_composes_and_instantiates(command, tmp_path):
     accelerator = cfg.trainer.accelerator
     assert accelerator == ("gpu" if command.machine == "gpu" else "cpu"), command.text
     if command.machine == "gpu":
-        assert type(instantiate(cfg.trainer.strategy)).__name__ == "FSDPStrategy"
+        assert type(instantiate(cfg.trainer.strategy)).__name__ == "ModelParallelStrategy"
 
 
 CPU_TRAIN = [c for c in COMMANDS if c.machine == "cpu" and c.script == "train.py"]

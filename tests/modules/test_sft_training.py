@@ -81,7 +81,7 @@ def test_sft_coldstart_composes_with_the_paper_settings(tmp_path):
     assert cfg.scheduler.warmup_ratio == 0.05 and cfg.sft.pack_tokens == 8192
     data = instantiate(cfg.data)
     assert (data.video.fps, data.video.max_frames, data.video.max_pixels) == (1.0, 64, 50176)
-    assert type(instantiate(cfg.trainer.strategy)).__name__ == "FSDPStrategy"
+    assert type(instantiate(cfg.trainer.strategy)).__name__ == "ModelParallelStrategy"
     opt = instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(1))])
     sched = instantiate(cfg.scheduler)(opt)
     assert math.isclose(opt.param_groups[0]["lr"], 2.0e-5 / 75)  # step 0 of 75 warm-up steps
