@@ -29,6 +29,21 @@ def needle_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_run_overrides(tiny_qwen3_dir, needle_dir) -> list[str]:
+    """`train.py` overrides for a subprocess run on the session's tiny model and needle data,
+    one prompt x 2 rollouts a step (the tests add their own steps, sweeps and caps)."""
+    return [
+        f"model.path={tiny_qwen3_dir}",
+        "model.build_tiny=null",
+        f"data.train_path={needle_dir / 'train.jsonl'}",
+        f"data.eval_path={needle_dir / 'eval.jsonl'}",
+        "data.generate=null",
+        "data.batch_size=1",
+        "rollout.group_size=2",
+    ]
+
+
+@pytest.fixture(scope="session")
 def needle_samples(needle_dir):
     from paravt.data.datasets import load_samples
 

@@ -65,7 +65,7 @@ def test_sweep_config_sweeps_reward_weights_scored_by_held_out_accuracy(tmp_path
 
 
 @pytest.mark.slow
-def test_multirun_with_the_sweep_config_returns_the_metric(tmp_path, tiny_qwen3_dir, needle_dir):
+def test_multirun_with_the_sweep_config_returns_the_metric(tmp_path, tiny_run_overrides):
     cmd = [
         sys.executable,
         str(ROOT / "train.py"),
@@ -75,13 +75,7 @@ def test_multirun_with_the_sweep_config_returns_the_metric(tmp_path, tiny_qwen3_
         "cold_start=null",
         "export_hf=false",
         f"hydra.sweep.dir={tmp_path}",
-        f"model.path={tiny_qwen3_dir}",
-        "model.build_tiny=null",
-        f"data.train_path={needle_dir / 'train.jsonl'}",
-        f"data.eval_path={needle_dir / 'eval.jsonl'}",
-        "data.generate=null",
-        "data.batch_size=1",
-        "rollout.group_size=2",
+        *tiny_run_overrides,
         "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=8",
         "callbacks.benchmark_validation.limit=1",

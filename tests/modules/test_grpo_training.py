@@ -305,7 +305,7 @@ def test_rollouts_of_step_t_come_from_the_weights_after_update_t_minus_1(
 
 
 @pytest.mark.slow
-def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_qwen3_dir, needle_dir):
+def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_run_overrides):
     import subprocess
     import sys
 
@@ -318,13 +318,7 @@ def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_qwen3_dir, needle_
         "trainer.max_steps=1",
         "cold_start=null",
         f"hydra.sweep.dir={tmp_path}",
-        f"model.path={tiny_qwen3_dir}",
-        "model.build_tiny=null",
-        f"data.train_path={needle_dir / 'train.jsonl'}",
-        f"data.eval_path={needle_dir / 'eval.jsonl'}",
-        "data.generate=null",
-        "data.batch_size=1",
-        "rollout.group_size=2",
+        *tiny_run_overrides,
         "rollout.agent.max_new_tokens=8",
         "callbacks.benchmark_validation.limit=1",
         "trainer.enable_progress_bar=false",

@@ -28,20 +28,14 @@ def _run(script: str, overrides: list[str], timeout: int = 540) -> subprocess.Co
     return run
 
 
-def test_two_rl_steps_with_the_vllm_engine(tmp_path, tiny_qwen3_dir, needle_dir):
+def test_two_rl_steps_with_the_vllm_engine(tmp_path, tiny_run_overrides):
     overrides = [
         "rollout/engine=vllm",
         "trainer.max_steps=2",
         "cold_start=null",
         f"run_dir={tmp_path}",
         f"hydra.run.dir={tmp_path}",
-        f"model.path={tiny_qwen3_dir}",
-        "model.build_tiny=null",
-        f"data.train_path={needle_dir / 'train.jsonl'}",
-        f"data.eval_path={needle_dir / 'eval.jsonl'}",
-        "data.generate=null",
-        "data.batch_size=1",
-        "rollout.group_size=2",
+        *tiny_run_overrides,
         "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=12",
         "rollout.agent.max_total_tokens=4096",
