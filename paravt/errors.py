@@ -24,6 +24,14 @@ class InputPathError(UserError, FileNotFoundError):
     """A user-given data or model path that does not exist and will not be created."""
 
 
+class VideoError(ValueError):
+    """A video that cannot be used: the message names the file and what is wrong with it.
+
+    Defined here (not in `paravt.video.reader`) so code that only handles it, such as the agent
+    loop skipping a prompt whose video fails mid-step, needs no decoder import.
+    """
+
+
 def _same_place(a: str | Path, b: str | Path) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 

@@ -22,11 +22,13 @@ from paravt.agent import prompts
 from paravt.agent.parsing import parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
 from paravt.agent.tools import CropConfig, ParallelToolExecutor
+from paravt.errors import VideoError
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
 from paravt.types import Frames, ParsedCall, Sample, ToolResult, Trajectory, Turn, Visual
 from paravt.video.sampling import uniform_indices
 
 MODES = ("frames", "subagent")
+VIDEO_ERROR = "video_error"  # finish_reason of the empty trajectories of an undecodable video
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class AgentLoop:
         self.tokenizer = renderer.tokenizer
         self.end_of_turn = renderer.end_of_turn
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, last run()
+        self.video_errors: dict[str, str] = {}  # sample id -> VideoError text, last run()
 
     # ---- public -------------------------------------------------------------------------
     def run(
@@ -118,17 +121,24 @@ class AgentLoop:
         budgets: Sequence[int],
         group_size: int,
         params: SamplingParams,
+        skip_bad_videos: bool = False,
     ) -> list[Trajectory]:
-        """N = len(samples) * group_size trajectories, grouped by sample (group-major order)."""
+        """N = len(samples) * group_size trajectories, grouped by sample (group-major order).
+
+        A video that fails to decode raises `VideoError`, unless `skip_bad_videos`: then each of
+        that sample's G trajectories is empty with finish_reason `VIDEO_ERROR`, and
+        `self.video_errors` maps its id to the error (which names the file).
+        """
         if len(budgets) != len(samples):
             raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
         self.timings.clear()
+        self.video_errors = {}
         t0 = time.perf_counter()
-        states = [
-            st
+        groups = [
+            self._start_group(s, k, group_size, skip_bad_videos)
             for s, k in zip(samples, budgets, strict=True)
-            for st in self._start(s, k, group_size)
         ]
+        states = [st for group in groups for st in group if isinstance(st, _State)]
         self.timings["prompt"] += time.perf_counter() - t0
         turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
         for round_index in range(self.cfg.max_rounds + 1):
@@ -144,7 +154,21 @@ class AgentLoop:
                 if (calls := self._take_turn(st, out[0], round_index))
             ]
             self._run_tools(with_calls, round_index, params)
-        return [self._finish(st) for st in states]
+        return [
+            self._finish(st) if isinstance(st, _State) else st for group in groups for st in group
+        ]
+
+    def _start_group(
+        self, sample: Sample, budget: int, group_size: int, skip_bad_videos: bool
+    ) -> list[_State] | list[Trajectory]:
+        """The G starting states of `sample`, or G empty trajectories when its video fails."""
+        try:
+            return self._start(sample, budget, group_size)
+        except VideoError as error:
+            if not skip_bad_videos:
+                raise
+            self.video_errors[sample.id] = str(error)
+            return [_video_error(sample, g, budget) for g in range(group_size)]
 
     # ---- phases -------------------------------------------------------------------------
     def _generate(self, active: Sequence[_State], params: SamplingParams):
@@ -318,4 +342,19 @@ def _sub_trajectory(parent: _State, seg: Segment, out: GenerationOutput, text: s
         turns=(Turn(text=text),),
         finish_reason=out.finish_reason,
         frame_budget=parent.budget,
+    )
+
+
+def _video_error(sample: Sample, group_index: int, budget: int) -> Trajectory:
+    """The placeholder rollout of a sample whose video failed: no tokens, scored as no answer."""
+    return Trajectory(
+        sample_id=sample.id,
+        group_index=group_index,
+        token_ids=(),
+        loss_mask=(),
+        logprobs=(),
+        visuals=(),
+        prompt_length=0,
+        finish_reason=VIDEO_ERROR,
+        frame_budget=budget,
     )

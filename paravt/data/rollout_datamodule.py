@@ -5,8 +5,8 @@ RolloutDataModule` (the glue subclass) turns it into B x G trajectories with the
 right before the step (the loader's prefetch only reads prompts ahead). The order of prompts is
 a function of (seed, epoch), and the number of batches consumed is checkpointed, so a resumed
 run continues the same sequence of prompts with no repeats. Bad rows are reported by
-`load_samples` and skipped at setup. The synthetic needle data is generated on first use when
-`generate` is given.
+`load_samples` and skipped at setup (kept in `load_report`); `fail_fast=True` stops instead.
+The synthetic needle data is generated on first use when `generate` is given.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
-from paravt.data.datasets import epoch_order, load_samples
+from paravt.data.datasets import LoadReport, epoch_order, load_samples
 from paravt.distributed import shard_prompts
 from paravt.errors import check_data_path, generation_dir, may_generate_data
 from paravt.types import Sample
@@ -77,13 +77,16 @@ class PromptDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         layout: str = "auto",
         generate: Mapping[str, Any] | None = None,
+        fail_fast: bool = False,
     ):
         super().__init__()
         self.train_path, self.eval_path = train_path, eval_path
         self.batch_size, self.max_steps = batch_size, max_steps
         self.seed, self.shuffle, self.layout = seed, shuffle, layout
         self.generate = dict(generate) if generate else None
+        self.fail_fast = fail_fast  # stop on the first bad row or video instead of skipping it
         self.consumed = 0
+        self.load_report: LoadReport | None = None  # what setup() skipped in train_path
         self.train_samples: list[Sample] = []
         self.eval_samples: list[Sample] = []
 
@@ -104,8 +107,9 @@ class PromptDataModule(pl.LightningDataModule):
             return
         check_data_path(self.train_path, False, None)
         self.train_samples, report = load_samples(
-            self.train_path, layout=self.layout, video_check="open"
+            self.train_path, layout=self.layout, video_check="open", fail_fast=self.fail_fast
         )
+        self.load_report = report
         log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)
         if not self.train_samples:
             raise ValueError(f"no usable training prompts in {self.train_path}: {report.skipped}")

@@ -138,6 +138,27 @@ def _curve_lines(cfg: DictConfig) -> list[str]:
     return [f"curves: {', '.join(str(p) for p in paths)}"]
 
 
+def _skip_lines(datamodule) -> list[str]:
+    """What training left out: bad rows / videos at load, videos that failed mid-run."""
+    counts = getattr(datamodule, "skip_counts", lambda: {})()
+    if not any(counts.values()):
+        return []
+    lines = [
+        f"skipped: {counts['data/bad_rows']:.0f} bad row(s) and "
+        f"{counts['data/bad_videos_at_load']:.0f} unusable video(s) at load, "
+        f"{counts['data/undecodable_videos']:.0f} video(s) undecodable during training "
+        f"({counts['data/skipped_prompts']:.0f} prompt(s) left out), "
+        f"{counts['data/undecodable_eval_videos']:.0f} held-out video(s) scored wrong"
+    ]
+    report = getattr(datamodule, "load_report", None)
+    reasons = list(report.skipped if report is not None else ())
+    reasons += list(datamodule.bad_videos.items()) + list(datamodule.eval_video_errors.items())
+    lines += [f"  {reason}" for _, reason in reasons[:5]]
+    if len(reasons) > 5:
+        lines.append(f"  ... {len(reasons) - 5} more in the log")
+    return lines
+
+
 def summary(cfg: DictConfig, run: Run) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
@@ -163,6 +184,7 @@ def summary(cfg: DictConfig, run: Run) -> str:
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
     lines += _before_after_lines(run.module, run.datamodule.agent)
+    lines += _skip_lines(run.datamodule)
     lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

@@ -144,7 +144,9 @@ class GRPOModule(pl.LightningModule):
             rewards = [self.score(t, s) for t, s in pairs]
         with timer("logprobs"):
             totals = self._rewards_with_kl(trajs, rewards)
-        adv = compute_advantages(totals.view(len(batch.samples), -1), self.algo.advantage)
+        adv = compute_advantages(
+            totals.view(len(batch.samples), batch.group_size), self.algo.advantage
+        )
         with timer("update"):
             formed = [is_well_formed(r) for r in rewards]
             update = self._update(trajs, adv.values, adv.keep, formed)
@@ -156,6 +158,8 @@ class GRPOModule(pl.LightningModule):
         if self.reference is not None and self.algo.kl_in_reward:
             metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(batch.weight_version)
+        metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
+        metrics |= batch.counts
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))

@@ -15,6 +15,7 @@ and data/, and holds no arithmetic.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +24,16 @@ from typing import Any, Protocol, runtime_checkable
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
+from paravt.data.datasets import BadRowError
 from paravt.data.rollout_datamodule import PromptBatch, PromptDataModule
+from paravt.errors import VideoError
 from paravt.rollout.engine import RolloutEngine, SamplingParams
 from paravt.rollout.factory import EngineConfig, build_engine
 from paravt.rollout.records import RolloutBatch
 from paravt.types import Sample, Trajectory
 from paravt.video.reader import VideoReader
 
+log = logging.getLogger(__name__)
 BudgetSampler = Callable[[str, int], int]  # (prompt id, epoch) -> frame budget K
 
 
@@ -67,6 +71,9 @@ class RolloutDataModule(PromptDataModule):
         self.agent: AgentLoop | None = None
         self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
         self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
+        self.bad_videos: dict[str, str] = {}  # video path -> error, found undecodable mid-run
+        self.skipped_prompts = 0  # training prompts skipped for their video, over the run
+        self.eval_video_errors: dict[str, str] = {}  # held-out video path -> error
 
     # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
@@ -122,15 +129,26 @@ class RolloutDataModule(PromptDataModule):
         return [int(self.budget_sampler(s.id, epoch)) for s in samples]
 
     def generate_rollouts(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
-        """The B x G trajectories of `batch`, sampled with the weights the contract allows."""
+        """The B x G trajectories of `batch`, sampled with the weights the contract allows.
+
+        A prompt whose video fails to decode is dropped from the batch with its group (logged
+        once per video, counted, never retried); `fail_fast` stops the run instead.
+        """
         agent = self.connect(module)
         sync_s = self.sync(module, self.rollout.max_staleness)
-        samples, cfg = list(batch.samples), self.rollout
+        cfg = self.rollout
+        samples = [s for s in batch.samples if s.video not in self.bad_videos]
+        skipped = [
+            (s.id, self.bad_videos[s.video]) for s in batch.samples if s.video in self.bad_videos
+        ]
         budgets = self.budgets(samples, batch.epoch)
         version = self.engine.weight_version
         params = SamplingParams(temperature=cfg.temperature, seed=self.seed * 100_003 + batch.step)
         t0 = time.perf_counter()
-        trajs = agent.run(samples, budgets, cfg.group_size, params)
+        trajs = self._run(agent, samples, budgets, params)
+        if agent.video_errors:
+            samples, budgets, trajs = self._drop_bad(batch.step, samples, budgets, trajs, skipped)
+        self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in agent.timings.items()}
         self.rollout_versions.append((batch.step, version))
@@ -148,7 +166,68 @@ class RolloutDataModule(PromptDataModule):
             staleness=module.policy_version - version,
             durations=tuple(agent.source.info(s.video).duration for s in samples),
             timings=timings,
+            skipped=tuple(skipped),
+            counts=self.skip_counts(),
         )
+
+    def _run(self, agent: AgentLoop, samples, budgets, params) -> list[Trajectory]:
+        try:
+            return agent.run(
+                samples,
+                budgets,
+                self.rollout.group_size,
+                params,
+                skip_bad_videos=not self.fail_fast,
+            )
+        except VideoError as error:  # only with fail_fast
+            raise BadRowError(
+                f"{error} (data.fail_fast=true stops here; set it to false to skip such prompts)"
+            ) from error
+
+    def _drop_bad(self, step: int, samples, budgets, trajs, skipped: list) -> tuple:
+        """Remove the groups whose video failed; remember the videos and log each one once."""
+        g, errors = self.rollout.group_size, self.agent.video_errors
+        for s in samples:
+            if s.id in errors:
+                self.bad_videos[s.video] = errors[s.id]
+                skipped.append((s.id, errors[s.id]))
+                log.warning(
+                    "step %d: skipped prompt %r, its video failed to decode: %s; the prompt is "
+                    "left out from now on (%d undecodable video(s) so far; data.fail_fast=true "
+                    "stops instead)",
+                    step,
+                    s.id,
+                    errors[s.id],
+                    len(self.bad_videos),
+                )
+        keep = [b for b, s in enumerate(samples) if s.id not in errors]
+        kept_trajs = [t for b in keep for t in trajs[b * g : (b + 1) * g]]
+        return [samples[b] for b in keep], [budgets[b] for b in keep], kept_trajs
+
+    def skip_counts(self) -> dict[str, float]:
+        """What was left out so far: bad rows and videos at load, undecodable videos mid-run."""
+        report = self.load_report
+        load_videos = report.video_errors if report is not None else 0
+        load_rows = len(report.skipped) - load_videos if report is not None else 0
+        return {
+            "data/bad_rows": float(load_rows),
+            "data/bad_videos_at_load": float(load_videos),
+            "data/undecodable_videos": float(len(self.bad_videos)),
+            "data/skipped_prompts": float(self.skipped_prompts),
+            "data/undecodable_eval_videos": float(len(self.eval_video_errors)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "bad_videos": dict(self.bad_videos),
+            "skipped_prompts": self.skipped_prompts,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.bad_videos = dict(state_dict.get("bad_videos", {}))
+        self.skipped_prompts = int(state_dict.get("skipped_prompts", 0))
 
     def evaluate(
         self, module: RolloutPolicy, samples: Sequence[Sample], greedy: bool = True
@@ -158,4 +237,9 @@ class RolloutDataModule(PromptDataModule):
         self.sync(module, 0)
         budgets = [self.rollout.default_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
-        return agent.run(samples, budgets, 1, params)
+        trajs = agent.run(samples, budgets, 1, params, skip_bad_videos=not self.fail_fast)
+        for s in samples:  # an undecodable held-out video is scored as no answer, and counted
+            if s.id in agent.video_errors and s.video not in self.eval_video_errors:
+                self.eval_video_errors[s.video] = agent.video_errors[s.id]
+                log.warning("held-out sample %r scored wrong: %s", s.id, agent.video_errors[s.id])
+        return trajs

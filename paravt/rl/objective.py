@@ -50,6 +50,9 @@ def compute_advantages(
 ) -> Advantages:
     """Optionally shape, then group-normalise, drop zero-variance groups, batch-normalise."""
     r = rewards.double()
+    if r.numel() == 0:  # every prompt of the step was skipped: nothing to normalise
+        empty = torch.zeros(0)
+        return Advantages(empty, empty.bool(), torch.zeros(r.shape[0], dtype=torch.bool))
     if cfg.shaping:
         r = shape_rewards(r, cfg.shaping_scale, cfg.shaping_shift, cfg.shaping_clip)
     adv = get_advantage_fn(cfg.estimator)(r, unbiased=cfg.unbiased_std)  # [B, G]
@@ -66,6 +69,8 @@ def compute_advantages(
 def advantage_metrics(adv: Advantages) -> dict[str, float]:
     """Mean and std of the advantages taking part in the update, and the zero-variance share."""
     values = adv.values[adv.keep] if adv.keep.any() else adv.values
+    if values.numel() == 0:  # every prompt of the step was skipped (undecodable videos)
+        return {"advantage/mean": 0.0, "advantage/std": 0.0, "advantage/zero_variance_share": 0.0}
     return {
         "advantage/mean": float(values.mean()),
         "advantage/std": float(values.std(unbiased=False)),

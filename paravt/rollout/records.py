@@ -32,6 +32,9 @@ class RolloutBatch:
     staleness: int = 0  # policy version - weight_version when sampled
     durations: tuple[float, ...] = ()  # [B] video lengths in seconds
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per phase (sync, ...)
+    # (prompt id, reason) of this step's prompts left out for an undecodable video; not in samples
+    skipped: tuple[tuple[str, str], ...] = ()
+    counts: Mapping[str, float] = field(default_factory=dict)  # the run's skip counts so far
 
     def __post_init__(self) -> None:
         if len(self.budgets) != len(self.samples):

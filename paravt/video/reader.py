@@ -32,8 +32,11 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 from PIL import Image
 
+from paravt.errors import VideoError
 from paravt.types import Frames
 from paravt.video.sampling import VideoInfo, fit_pixels, timestamps
+
+__all__ = ["VideoError", "VideoReader"]
 
 # Leading bytes of common containers, to tell "a damaged video" from "not a video at all".
 _CONTAINER_MAGIC: tuple[tuple[int, bytes], ...] = (
@@ -47,10 +50,6 @@ _CONTAINER_MAGIC: tuple[tuple[int, bytes], ...] = (
     (0, b"FLV"),
     (0, b"\x00\x00\x01\xba"),  # MPEG program stream
 )
-
-
-class VideoError(ValueError):
-    """A video that cannot be used: the message names the file and what is wrong with it."""
 
 
 @dataclass
