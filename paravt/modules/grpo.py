@@ -107,6 +107,7 @@ class GRPOModule(pl.LightningModule):
         self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
         self._temperature = 1.0  # the current batch's sampling temperature
         self._reference_kl = 0.0
+        self.resumed_step: int | None = None  # the checkpoint's global step after a resume
 
     # ---- the callbacks' Protocols -----------------------------------------------------------
     def set_format_weight(self, weight: float) -> None:
@@ -175,7 +176,7 @@ class GRPOModule(pl.LightningModule):
         the reference needs a forward pass.
         """
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
-        if self.reference is None or not self.algo.kl_in_reward:
+        if self.reference is None or not self.algo.kl_in_reward or not trajs:
             return totals
         kls = []
         with torch.no_grad():
@@ -344,6 +345,7 @@ class GRPOModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint) -> None:
         saved = checkpoint.get("paravt", {})
+        self.resumed_step = int(checkpoint.get("global_step", 0))  # the run summary names it
         self.policy_version = saved.get("policy_version", 0)
         # The engine's weights are not checkpointed: the DataModule syncs them at the next step.
         if "reward_weights" in saved:
