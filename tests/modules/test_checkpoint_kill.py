@@ -1,0 +1,147 @@
+"""SIGKILL at the worst moments of a checkpoint write: `last.ckpt` stays whole, resume works.
+
+A discriminating test (issue 12 item 8): the kill lands exactly when the new checkpoint's bytes
+are being written (a new temporary file appears) or when `last.ckpt` itself changes on disk. The
+paravt writer (conf/trainer/cpu.yaml's AtomicCheckpointIO) passes at both moments; the control
+shows Lightning's stock TorchCheckpointIO leaving a torn `last.ckpt` at the second one when its
+temporary folder is on another filesystem than the checkpoints (fsspec then copies the file
+into place instead of renaming it), the common case of /tmp on local disk and runs on a volume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt.modules.checkpoint import is_complete_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+SHM = Path("/dev/shm")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import lightning.pytorch as pl
+    import torch
+    from hydra.utils import instantiate
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+    from omegaconf import OmegaConf
+
+    root, run_dir, writer, max_steps, resume = sys.argv[1:6]
+    if writer == "paravt":
+        plugins = [instantiate(p) for p in OmegaConf.load(f"{root}/conf/trainer/cpu.yaml").plugins]
+    else:
+        plugins = [TorchCheckpointIO()]
+    ckpt = instantiate(OmegaConf.load(f"{root}/conf/callbacks/default.yaml").checkpoint,
+                       dirpath=f"{run_dir}/checkpoints")
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1536, 1536)  # ~28 MB checkpoints with Adam's state
+
+        def training_step(self, batch, _):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=int(max_steps), logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         plugins=plugins, callbacks=[ckpt], default_root_dir=run_dir)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 1536))
+    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=8),
+                ckpt_path="last" if resume == "1" else None)
+    print("GLOBAL_STEP", trainer.global_step)
+    """
+)
+
+
+def _launch(tmp: Path, writer: str, max_steps: int, resume: bool, tmpdir: Path):
+    script = tmp / "run.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir)}
+    args = [str(ROOT), str(tmp), writer, str(max_steps), str(int(resume))]
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _state(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _files(folders: list[Path]) -> set[Path]:
+    return {p for folder in folders if folder.exists() for p in folder.iterdir()}
+
+
+def _kill_at(moment: str, proc, last: Path, tmpdir: Path, timeout: float = 120.0) -> None:
+    """SIGKILL `proc` at `moment` of a checkpoint write after the first complete last.ckpt:
+    `temp` = a new file appears next to it or in TMPDIR; `final` = last.ckpt changes on disk."""
+    start = time.monotonic()
+    while not is_complete_checkpoint(last):
+        if proc.poll() is not None or time.monotonic() - start > timeout:
+            pytest.fail(f"no checkpoint appeared:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.01)
+    folders = [last.parent, tmpdir]
+    before, seen = _state(last), _files(folders)
+    while True:
+        changed = _state(last) != before if moment == "final" else bool(_files(folders) - seen)
+        if changed:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None or time.monotonic() - start > timeout:
+            pytest.fail(f"the run ended before the kill:\n{proc.communicate()[0][-3000:]}")
+
+
+@pytest.fixture
+def other_fs_tmpdir(tmp_path):
+    """A TMPDIR on another filesystem than tmp_path (where the checkpoints go)."""
+    if not SHM.is_dir() or SHM.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp folder")
+    folder = SHM / f"paravt-ckpt-test-{os.getpid()}-{tmp_path.name}"
+    folder.mkdir()
+    yield folder
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["temp", "final"])
+def test_a_kill_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, other_fs_tmpdir, moment):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    proc = _launch(tmp_path, "paravt", 100_000, False, other_fs_tmpdir)
+    _kill_at(moment, proc, last, other_fs_tmpdir)
+    assert is_complete_checkpoint(last)
+    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert step >= 1
+    resumed = _launch(tmp_path, "paravt", step + 2, True, other_fs_tmpdir)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"GLOBAL_STEP {step + 2}" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_control_the_stock_writer_tears_last_ckpt_at_the_same_kill(tmp_path, other_fs_tmpdir):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    proc = _launch(tmp_path, "stock", 100_000, False, other_fs_tmpdir)
+    _kill_at("final", proc, last, other_fs_tmpdir)
+    assert last.exists() and not is_complete_checkpoint(last)
