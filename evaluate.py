@@ -146,4 +146,8 @@ def main(cfg: DictConfig) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from pathlib import Path
+
+    from paravt.config_hints import with_config_hints
+
+    with_config_hints(main, Path(__file__).parent / "conf", "eval")

@@ -1,0 +1,102 @@
+""" "Did you mean ...?" for a misspelt override, after Hydra has refused it.
+
+Hydra names a key that is not in the config but suggests appending it with `+`, which for a typo
+is the wrong fix (the run then fails later, or silently ignores the value). `with_config_hints`
+wraps an entry point: when Hydra exits with code 1, it re-reads the command line's overrides,
+composes the config without the plain `key=value` ones and prints, for each key or group option
+that does not exist, the closest existing names. It prints nothing for any other failure and
+never changes the exit code. Glue over Hydra's compose API; nothing runs when Hydra succeeds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+
+def _flat_keys(node, prefix: str = "") -> Iterator[str]:
+    from omegaconf import DictConfig
+
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        name = f"{prefix}{key}"
+        yield name
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing():
+            yield from _flat_keys(child, name + ".")
+
+
+def _parse(args: Sequence[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        return OverridesParser.create().parse_overrides(plain)
+    except Exception:  # a syntax error: Hydra's own message says it
+        return []
+
+
+def typo_hints(config_dir: str | Path, config_name: str, args: Sequence[str]) -> list[str]:
+    """One line per override of `args` naming a key or group option that does not exist."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.types import OverrideType
+    from omegaconf import OmegaConf
+
+    overrides = [
+        o
+        for o in _parse(args)
+        if not o.is_hydra_override() and o.type == OverrideType.CHANGE  # not +, ++ or ~
+    ]
+    groups_dir = Path(config_dir)
+    is_group = {o.input_line: (groups_dir / o.key_or_group).is_dir() for o in overrides}
+    lines = []
+    for o in overrides:  # unknown group options first: the config cannot compose with them
+        if is_group[o.input_line] and not o.is_sweep_override():
+            options = sorted(p.stem for p in (groups_dir / o.key_or_group).glob("*.yaml"))
+            value = str(o.value())
+            if value not in options:
+                near = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
+                lines.append(_line(f"{o.key_or_group}={value}", near, options, o.key_or_group))
+    if lines:
+        return lines
+    chosen = [o.input_line for o in overrides if is_group[o.input_line]]
+    try:
+        with initialize_config_dir(str(groups_dir), version_base="1.3"):
+            cfg = compose(config_name, overrides=chosen)
+    except Exception:  # a problem Hydra already described
+        return []
+    keys = list(_flat_keys(cfg))
+    for o in overrides:
+        if is_group[o.input_line]:
+            continue
+        if OmegaConf.select(cfg, o.key_or_group, default=_ABSENT) is _ABSENT:
+            near = difflib.get_close_matches(o.key_or_group, keys, n=3, cutoff=0.6)
+            lines.append(_line(f"key '{o.key_or_group}'", near, None, None))
+    return lines
+
+
+_ABSENT = object()
+
+
+def _line(what: str, near: list[str], options: list[str] | None, group: str | None) -> str:
+    if group is not None:
+        known = ", ".join(options or [])
+        guess = f"did you mean {group}={near[0]}? " if near else ""
+        return f"hint: no config {what} in conf/{group}/; {guess}available: {known}"
+    guess = f"did you mean '{near[0]}'? " if near else ""
+    return (
+        f"hint: the config has no {what}; {guess}(a new key needs a leading '+'; "
+        "`--cfg job` prints every key)"
+    )
+
+
+def with_config_hints(main: Callable[[], object], config_dir: str | Path, config_name: str):
+    """Run a @hydra.main `main`; when Hydra exits with 1, print typo hints, then exit 1."""
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code == 1:
+            for line in typo_hints(config_dir, config_name, sys.argv[1:]):
+                print(line, file=sys.stderr)
+        raise

@@ -1,0 +1,60 @@
+"""A misspelt override or an unknown experiment: exit 1, Hydra's message naming it, and a hint
+with the closest existing name (issue 12 item 9). Subprocesses of train.py / evaluate.py, as a
+user runs them; each fails while composing, before anything is built (about a second each)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paravt.config_hints import typo_hints
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, str(ROOT / script), f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("override", "named", "fix"),
+    [
+        ("trainer.max_stepz=3", "trainer.max_stepz", "did you mean 'trainer.max_steps'?"),
+        ("trainr.devices=2", "trainr", "did you mean 'trainer.devices'?"),
+        ("experiment=dem", "experiment/dem", "did you mean experiment=demo?"),
+        ("experiment=nope", "experiment/nope", "available: anchoring_only, demo,"),
+    ],
+)
+def test_train_py_names_the_bad_key_or_experiment_and_the_fix(tmp_path, override, named, fix):
+    result = run("train.py", tmp_path, override)
+    assert result.returncode == 1, result.stderr
+    assert named in result.stderr and fix in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("hint: ")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_typo_after_an_experiment_is_checked_against_that_experiment(tmp_path):
+    result = run("train.py", tmp_path, "experiment=grpo", "algorithm.clip_hihg=0.3")
+    assert result.returncode == 1
+    assert "did you mean 'algorithm.clip_high'?" in result.stderr, result.stderr
+
+
+def test_evaluate_py_gets_the_same_hints(tmp_path):
+    result = run("evaluate.py", tmp_path, "benchmark=videome")
+    assert result.returncode == 1
+    assert "benchmark=videomme" in result.stderr.splitlines()[-1], result.stderr
+
+
+def test_no_hint_for_correct_or_deliberate_overrides():
+    conf = ROOT / "conf"
+    ok = ["trainer.max_steps=3", "+trainer.new_key=1", "~callbacks.progress", "seed=1,2"]
+    assert typo_hints(conf, "train", ok) == []
+    assert typo_hints(conf, "train", ["mode=parallel,sequential"]) == []
