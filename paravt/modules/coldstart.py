@@ -25,11 +25,13 @@ from paravt.agent.loop import AgentLoop
 from paravt.agent.scripts import distinct_question_batches, needle_teacher
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.sft import sft_loss
+from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
 from paravt.types import Sample, Trajectory
 
 log = logging.getLogger(__name__)
+TRACE_BATCH = 16  # prompts per traced batch: one progress tick each
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,19 @@ class ColdStartReport:
 def teacher_trajectories(
     agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig
 ) -> list[Trajectory]:
-    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`."""
+    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`.
+
+    Traced in batches of `TRACE_BATCH` prompts, with counts and an ETA (`paravt.progress.track`).
+    """
     budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
     out: list[Trajectory | None] = [None] * len(samples)
-    for batch in distinct_question_batches(samples):
+    batches = [
+        group[i : i + TRACE_BATCH]
+        for group in distinct_question_batches(samples)
+        for i in range(0, len(group), TRACE_BATCH)
+    ]
+    desc = f"cold start: teacher tracing of {len(samples)} prompts, batch"
+    for batch in track(batches, desc=desc):
         part = [samples[i] for i in batch]
         engine = ScriptedEngine(agent.tokenizer, needle_teacher(part, cfg.strategy))
         teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
