@@ -25,9 +25,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from paravt.eval.benchmarks.base import AnnotationError, collect_row_errors
+from paravt.eval.results import check_run_identity
 from paravt.eval.runner import (
     EvalConfig,
     build_agent_loop,
+    default_identity,
     format_metrics,
     make_benchmark,
     run_benchmark,
@@ -113,6 +115,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     items, bad_rows = load_items(cfg, benchmark)
     identity = run_identity(cfg, protocol)
     out_dir = cfg.out_dir or default_out_dir(identity)
+    # Fail fast: an out_dir of another run is refused before the model is loaded.
+    os.makedirs(out_dir, exist_ok=True)
+    check_run_identity(out_dir, {**default_identity(benchmark, protocol), **identity})
     model, processor = load_policy(policy)
     model.eval().to(pick_device(cfg.device))
     engine = build_engine(

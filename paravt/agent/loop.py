@@ -25,7 +25,7 @@ from paravt.agent.tools import CropConfig, ParallelToolExecutor
 from paravt.errors import VideoError
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
 from paravt.types import Frames, ParsedCall, Sample, ToolResult, Trajectory, Turn, Visual
-from paravt.video.sampling import uniform_indices
+from paravt.video.sampling import overview_indices
 
 MODES = ("frames", "subagent")
 VIDEO_ERROR = "video_error"  # finish_reason of the empty trajectories of an undecodable video
@@ -192,7 +192,7 @@ class AgentLoop:
 
     def _start(self, sample: Sample, budget: int, group_size: int) -> list[_State]:
         info = self.source.info(sample.video)
-        indices = uniform_indices(info.num_frames, budget)
+        indices = overview_indices(info.num_frames, budget)
         frames = self.source.read(
             sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
         )

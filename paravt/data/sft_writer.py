@@ -21,7 +21,7 @@ from paravt.agent import prompts
 from paravt.agent.loop import AgentConfig
 from paravt.agent.tools import CropConfig
 from paravt.types import Sample, ToolResult, Trajectory
-from paravt.video.sampling import timestamps, uniform_indices
+from paravt.video.sampling import overview_indices, timestamps
 
 
 def _video_part(video: str, indices, max_pixels: int, min_pixels: int, window=None) -> dict:
@@ -60,7 +60,7 @@ def trajectory_row(
 ) -> dict[str, Any]:
     """The SFT row of `traj` (a main-agent trajectory of `sample` from `AgentLoop.run`)."""
     info = source.info(sample.video)
-    indices = uniform_indices(info.num_frames, traj.frame_budget)
+    indices = overview_indices(info.num_frames, traj.frame_budget)  # as the agent loop shows
     user = prompts.user_text(sample, timestamps(indices, info.fps), info.duration)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": prompts.system_prompt()},

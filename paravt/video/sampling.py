@@ -49,6 +49,18 @@ def uniform_indices(num_frames: int, k: int) -> list[int]:
     return [(2 * i + 1) * num_frames // (2 * k) for i in range(k)]
 
 
+def overview_indices(num_frames: int, k: int, min_frames: int = 2) -> list[int]:
+    """`uniform_indices`, with frames repeated evenly up to `min_frames` for a shorter video.
+
+    Qwen-VL processors group frames in temporal patches of 2 and refuse a 1-frame clip, so a
+    one-frame video (a still) is shown as that frame twice instead of failing the prompt.
+    """
+    picked = uniform_indices(num_frames, k)
+    if len(picked) >= min_frames:
+        return picked
+    return [picked[i * len(picked) // min_frames] for i in range(min_frames)]
+
+
 def window_indices(
     num_frames: int,
     fps: float,

@@ -174,3 +174,12 @@ def test_fit_pixels_invariants(height, width, factor):
     assert h % factor == 0 and w % factor == 0
     # never larger than the original, except to reach one patch
     assert h <= max(factor, height) and w <= max(factor, width)
+
+
+def test_overview_indices_repeat_a_still_to_two_frames():
+    from paravt.video.sampling import overview_indices
+
+    assert overview_indices(1, 8) == [0, 0]  # a one-frame video: its frame twice
+    assert overview_indices(3, 8) == [0, 1, 2]  # enough distinct frames: none repeated
+    assert overview_indices(100, 4) == uniform_indices(100, 4)
+    assert overview_indices(1, 1, min_frames=3) == [0, 0, 0]
