@@ -1,8 +1,10 @@
 """Crash-safe checkpoints: atomic writes, and `ckpt_path=last` that never picks a torn file.
 
 A run killed with SIGKILL (an OOM killer, a pre-empted node) can die while a checkpoint is being
-written. Lightning's default writer opens the final path and streams into it, so the kill leaves a
-truncated `last.ckpt` and `ckpt_path=last` then fails to load: the run is lost. Here:
+written. Lightning's default writer (2.6) writes a temp file under TMPDIR and `shutil.move`s it
+into place: when TMPDIR is on another filesystem than the checkpoints, that move copies into the
+final path, so a kill leaves a truncated `last.ckpt` and `ckpt_path=last` then fails to load
+(tests/modules/test_checkpoint_kill.py shows it); it never fsyncs either. Here:
 
 - `AtomicCheckpointIO` (a Lightning CheckpointIO plugin, `trainer.plugins` in conf/trainer/)
   writes to a hidden temporary file in the same folder, fsyncs it, renames it over the target
