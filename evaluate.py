@@ -77,7 +77,14 @@ def run_identity(cfg: DictConfig, protocol: EvalConfig) -> dict:
         "engine": cfg.rollout.engine.name,
         "mode": cfg.mode.name,
         "protocol": protocol.identity(),
+        # the adapter's options (e.g. Video-MME's subtitle rule) change the prompts too
+        "options": benchmark_options(cfg),
     }
+
+
+def benchmark_options(cfg: DictConfig) -> dict:
+    raw = cfg.benchmark.get("options")  # an empty DictConfig is falsy: test for None, not truth
+    return {} if raw is None else OmegaConf.to_container(raw, resolve=True)
 
 
 def default_out_dir(identity: dict) -> str:
@@ -109,8 +116,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
     protocol = protocol_of(cfg)
     spec = cfg.benchmark
-    raw = spec.get("options")  # an empty DictConfig is falsy: test for None, not truth
-    options = {} if raw is None else OmegaConf.to_container(raw, resolve=True)
+    options = benchmark_options(cfg)
     benchmark = make_benchmark(spec.name, unparseable=spec.get("unparseable"), **options)
     items, bad_rows = load_items(cfg, benchmark)
     identity = run_identity(cfg, protocol)

@@ -15,6 +15,10 @@ from typing import Any
 from paravt.types import Sample, ToolResult
 
 FORCED_THINK = "<think>\n"
+# Video-MME's with-subtitles prefix (BENCHMARKS.md); FRAME_SUBTITLES is the `Sample.extra` key of
+# timed blocks whose text is shown only where a sampled frame falls (`subtitles_at`).
+SUBTITLE_PREFIX = "This video's subtitles are listed below:\n{text}\n\n"
+FRAME_SUBTITLES = "frame_subtitles"
 
 CROP_VIDEO_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -83,10 +87,21 @@ def format_times(timestamps: Sequence[float]) -> str:
     return ", ".join(f"{t:.1f}s" for t in timestamps)
 
 
+def subtitles_at(blocks: Sequence[tuple[float, float, str]], times: Sequence[float]) -> list[str]:
+    """The texts of the timed subtitle blocks `(start s, end s, text)` shown at any of `times`
+    (start <= t < end), in block order, each once: subtitles aligned to the sampled frames."""
+    return [text for start, end, text in blocks if any(start <= t < end for t in times)]
+
+
 def user_text(sample: Sample, timestamps: Sequence[float], duration: float) -> str:
+    """The overview's clock, then the question; a sample with `extra[FRAME_SUBTITLES]` (timed
+    blocks) gets the subtitles of the frames it is shown, in `SUBTITLE_PREFIX`, before it."""
+    blocks = sample.extra.get(FRAME_SUBTITLES) if sample.extra else None
+    lines = subtitles_at(blocks, timestamps) if blocks else []
+    prefix = SUBTITLE_PREFIX.format(text="\n".join(lines)) if lines else ""
     return (
         f"The video lasts {duration:.1f} seconds. You see {len(timestamps)} frames at "
-        f"{format_times(timestamps)}.\n{sample.question}"
+        f"{format_times(timestamps)}.\n{prefix}{sample.question}"
     )
 
 
