@@ -4,6 +4,8 @@ Thin on purpose: Hydra composes conf/, `paravt.modules.build` instantiates the p
 checks the user's paths before anything is built, runs the optional cold start, `fit`, the HF
 export, and prints the run's summary. A user's mistake (a missing path, a misspelt key under a
 `_target_`) prints one line and exits with code 2; `HYDRA_FULL_ERROR=1` shows the traceback.
+An override Hydra refuses (a misspelt key, an unknown experiment) exits with code 1 after
+Hydra's message and a "did you mean" hint (`paravt.config_hints`).
 """
 
 from __future__ import annotations

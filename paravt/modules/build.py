@@ -143,13 +143,15 @@ def _skip_lines(datamodule) -> list[str]:
     counts = getattr(datamodule, "skip_counts", lambda: {})()
     if not any(counts.values()):
         return []
-    lines = [
-        f"skipped: {counts['data/bad_rows']:.0f} bad row(s) and "
-        f"{counts['data/bad_videos_at_load']:.0f} unusable video(s) at load, "
-        f"{counts['data/undecodable_videos']:.0f} video(s) undecodable during training "
-        f"({counts['data/skipped_prompts']:.0f} prompt(s) left out), "
-        f"{counts['data/undecodable_eval_videos']:.0f} held-out video(s) scored wrong"
-    ]
+    parts = {
+        "data/bad_rows": "{:.0f} bad row(s) at load",
+        "data/bad_videos_at_load": "{:.0f} unusable video(s) at load",
+        "data/undecodable_videos": "{:.0f} video(s) undecodable during training",
+        "data/skipped_prompts": "{:.0f} prompt draw(s) left out for them",
+        "data/undecodable_eval_videos": "{:.0f} held-out video(s) scored wrong",
+    }
+    said = [text.format(counts[key]) for key, text in parts.items() if counts.get(key)]
+    lines = ["skipped: " + ", ".join(said)]
     report = getattr(datamodule, "load_report", None)
     reasons = list(report.skipped if report is not None else ())
     reasons += list(datamodule.bad_videos.items()) + list(datamodule.eval_video_errors.items())

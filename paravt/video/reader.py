@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from paravt.video.sampling import VideoInfo, fit_pixels, timestamps
 
 __all__ = ["VideoError", "VideoReader"]
 
+_DECORD_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] [^\s:]+:\d+: ")
 # Leading bytes of common containers, to tell "a damaged video" from "not a video at all".
 _CONTAINER_MAGIC: tuple[tuple[int, bytes], ...] = (
     (4, b"ftyp"),  # mp4 / mov / m4v
@@ -224,7 +226,9 @@ def _looks_like_container(path: str) -> bool:
 
 
 def _first_line(err: Exception) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    """The error's first line without decord's `[hh:mm:ss] /src/file.cc:N:` log prefixes."""
+    lines = [_DECORD_PREFIX.sub("", line).strip() for line in str(err).splitlines()]
+    lines = [line for line in lines if line]
     return lines[0][:200] if lines else type(err).__name__
 
 

@@ -110,7 +110,7 @@ def test_a_video_failing_mid_step_is_skipped_counted_and_named(
     assert [e.value for e in acc.Scalars("data/skipped_prompts")] == [1.0, 1.0, 2.0]
     assert acc.Scalars("data/undecodable_videos")[-1].value == 1.0
     text = summary(cfg, run)
-    assert "1 video(s) undecodable during training (2 prompt(s) left out)" in text
+    assert "skipped: 1 video(s) undecodable during training, 2 prompt draw(s) left out" in text
     assert corrupt in text
     # The count survives a resume: it is part of the DataModule's checkpointed state.
     assert dm.state_dict()["skipped_prompts"] == 2
