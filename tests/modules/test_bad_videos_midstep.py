@@ -153,3 +153,24 @@ def test_a_mixed_batch_keeps_the_good_prompts_group_major(tiny_qwen3_dir, rows_w
     trajs = dm.evaluate(Policy(), [bad, good])
     assert [t.finish_reason == VIDEO_ERROR for t in trajs] == [True, False]
     assert trajs[0].token_ids == () and list(dm.eval_video_errors) == [bad.video]
+
+
+def test_load_time_skips_are_counted_and_summarised(tmp_path, rows_with_a_bad_video):
+    from paravt.modules.build import _skip_lines
+    from paravt.modules.rollout_datamodule import RolloutDataModule
+
+    rows = rows_with_a_bad_video.read_text().splitlines()
+    good = json.loads(rows[1])
+    missing = json.loads(json.dumps(good)) | {"id": "no_video"}
+    missing["videos"] = [{"video": str(tmp_path / "gone.mp4")}]
+    broken = {"id": "no_prompt", "videos": good["videos"]}  # a row without its prompt field
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, missing, broken)) + "\n")
+    dm = RolloutDataModule(str(path), batch_size=1, max_steps=1)
+    dm.setup("fit")
+    assert [s.id for s in dm.train_samples] == [good["id"]]
+    counts = dm.skip_counts()
+    assert (counts["data/bad_rows"], counts["data/bad_videos_at_load"]) == (1.0, 1.0)
+    head, *reasons = _skip_lines(dm)
+    assert head == "skipped: 1 bad row(s) at load, 1 unusable video(s) at load"
+    assert any("gone.mp4" in r for r in reasons) and any("no_prompt" in r for r in reasons)
