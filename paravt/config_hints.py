@@ -39,44 +39,65 @@ def _parse(args: Sequence[str]):
 
 def typo_hints(config_dir: str | Path, config_name: str, args: Sequence[str]) -> list[str]:
     """One line per override of `args` naming a key or group option that does not exist."""
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.types import OverrideType
-    from omegaconf import OmegaConf
 
     overrides = [
         o
         for o in _parse(args)
         if not o.is_hydra_override() and o.type == OverrideType.CHANGE  # not +, ++ or ~
     ]
-    groups_dir = Path(config_dir)
-    is_group = {o.input_line: (groups_dir / o.key_or_group).is_dir() for o in overrides}
+    root = Path(config_dir).resolve()  # initialize_config_dir needs an absolute path
+    groups = [o for o in overrides if (root / o.key_or_group).is_dir()]
+    keys = [o for o in overrides if o not in groups]
+    # Unknown group options first: the config cannot compose with them.
+    return _group_hints(groups, root) or _key_hints(keys, groups, root, config_name)
+
+
+def _group_hints(groups, root: Path) -> list[str]:
     lines = []
-    for o in overrides:  # unknown group options first: the config cannot compose with them
-        if is_group[o.input_line] and not o.is_sweep_override():
-            options = sorted(p.stem for p in (groups_dir / o.key_or_group).glob("*.yaml"))
-            value = str(o.value())
-            if value not in options:
-                near = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
-                lines.append(_line(f"{o.key_or_group}={value}", near, options, o.key_or_group))
-    if lines:
-        return lines
-    chosen = [o.input_line for o in overrides if is_group[o.input_line]]
+    for o in groups:
+        if o.is_sweep_override():
+            continue
+        options = sorted(p.stem for p in (root / o.key_or_group).glob("*.yaml"))
+        value = str(o.value())
+        if value not in options:
+            near = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
+            lines.append(_line(f"{o.key_or_group}={value}", near, options, o.key_or_group))
+    return lines
+
+
+def _key_hints(keys, groups, root: Path, config_name: str) -> list[str]:
+    from hydra import compose, initialize_config_dir
+
     try:
-        with initialize_config_dir(str(groups_dir), version_base="1.3"):
-            cfg = compose(config_name, overrides=chosen)
+        with initialize_config_dir(str(root), version_base="1.3"):
+            cfg = compose(config_name, overrides=[o.input_line for o in groups])
     except Exception:  # a problem Hydra already described
         return []
-    keys = list(_flat_keys(cfg))
-    for o in overrides:
-        if is_group[o.input_line]:
-            continue
-        if OmegaConf.select(cfg, o.key_or_group, default=_ABSENT) is _ABSENT:
-            near = difflib.get_close_matches(o.key_or_group, keys, n=3, cutoff=0.6)
+    known = list(_flat_keys(cfg))
+    lines = []
+    for o in keys:
+        if not _exists(cfg, o.key_or_group):
+            near = difflib.get_close_matches(o.key_or_group, known, n=3, cutoff=0.6)
             lines.append(_line(f"key '{o.key_or_group}'", near, None, None))
     return lines
 
 
-_ABSENT = object()
+def _exists(cfg, key: str) -> bool:
+    """Whether `key` names a node of `cfg`, read without resolving any interpolation."""
+    from omegaconf import DictConfig
+
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig):
+            return True  # an index into a list (or deeper into a value): Hydra's to judge
+        try:
+            node = node._get_node(part)
+        except Exception:  # struct mode raises for an absent key
+            return False
+        if node is None:
+            return False
+    return True
 
 
 def _line(what: str, near: list[str], options: list[str] | None, group: str | None) -> str:

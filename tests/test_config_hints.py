@@ -56,5 +56,6 @@ def test_evaluate_py_gets_the_same_hints(tmp_path):
 def test_no_hint_for_correct_or_deliberate_overrides():
     conf = ROOT / "conf"
     ok = ["trainer.max_steps=3", "+trainer.new_key=1", "~callbacks.progress", "seed=1,2"]
+    ok += ["run_dir=/tmp/x", "data.max_steps=3"]  # interpolated values: never resolved here
     assert typo_hints(conf, "train", ok) == []
     assert typo_hints(conf, "train", ["mode=parallel,sequential"]) == []
