@@ -90,18 +90,24 @@ def global_sums(xs: Sequence[float], group: dist.ProcessGroup | None = None) -> 
 
 
 def mean_over_ranks(
-    metrics: dict[str, float], group: dist.ProcessGroup | None = None
+    metrics: dict[str, float],
+    sums: Sequence[str] = (),
+    group: dist.ProcessGroup | None = None,
 ) -> dict[str, float]:
     """Each metric averaged over the ranks that report it (ranks may report different keys,
-    e.g. a per-budget metric only where that budget was drawn); one gather per call."""
+    e.g. a per-budget metric only where that budget was drawn); the `sums` keys (counts) are
+    summed. One gather per call. With equal shares per rank (B/W prompts x G each) the mean of
+    per-rank means is the global mean for per-trajectory figures; token-weighted ones (losses)
+    are the ranks' average, as Lightning's `sync_dist` would give."""
     if Rank.current(group).world_size == 1:
         return dict(metrics)
     gathered: list[dict[str, float] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, dict(metrics), group=group)
-    keys = sorted({k for m in gathered for k in m})
-    return {
-        k: sum(m[k] for m in gathered if k in m) / sum(1 for m in gathered if k in m) for k in keys
-    }
+    out = {}
+    for k in sorted({k for m in gathered for k in m}):
+        values = [m[k] for m in gathered if k in m]
+        out[k] = sum(values) if k in sums else sum(values) / len(values)
+    return out
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,8 @@ class GRPOModule(pl.LightningModule):
         if self.reference is not None and self.algo.kl_in_reward:
             metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(batch.weight_version)
-        metrics = mean_over_ranks(metrics)  # every rank logs the global batch's figures
+        # Every rank logs the global batch's figures.
+        metrics = mean_over_ranks(metrics, sums=("update/trajectories",))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))
