@@ -44,9 +44,10 @@ def main(cfg: DictConfig) -> float | None:
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
         if cfg.export_hf:
             run.module.export_hf(f"{cfg.run_dir}/hf")
-        print(summary(cfg, run))
         value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
-        print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
+        if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
+            print(summary(cfg, run))
+            print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
         return value
 
 

@@ -9,14 +9,17 @@ its rollouts differ. This file holds the small rules that make that true:
   being zero-weight dummies (still a real forward/backward, so the collectives match);
 - `token_loss_scale`: the weight that makes FSDP's gradient average over ranks equal the
   token-mean over the GLOBAL batch (what one rank with the whole batch would compute);
-- `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done.
+- `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done;
+- `iter_full_state_dict` / `load_buckets`: full weights gathered from the shards bucket by bucket,
+  into each rank's own unsharded rollout engine (transformers copy or vLLM);
+- `mean_over_ranks` / `global_sums`: step metrics and loss divisors of the global batch.
 It works without an initialised process group (world size 1), and deliberately knows nothing of
 Lightning, Hydra or the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -77,6 +80,36 @@ def global_sum(x: float, group: dist.ProcessGroup | None = None) -> float:
     return _reduce(float(x), dist.ReduceOp.SUM, group)
 
 
+def global_sums(xs: Sequence[float], group: dist.ProcessGroup | None = None) -> list[float]:
+    """Element-wise sums of `xs` over the ranks, in one all_reduce; `xs` itself on one rank."""
+    if Rank.current(group).world_size == 1:
+        return [float(x) for x in xs]
+    t = torch.tensor([float(x) for x in xs], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t.tolist()
+
+
+def mean_over_ranks(
+    metrics: dict[str, float],
+    sums: Sequence[str] = (),
+    group: dist.ProcessGroup | None = None,
+) -> dict[str, float]:
+    """Each metric averaged over the ranks that report it (ranks may report different keys,
+    e.g. a per-budget metric only where that budget was drawn); the `sums` keys (counts) are
+    summed. One gather per call. With equal shares per rank (B/W prompts x G each) the mean of
+    per-rank means is the global mean for per-trajectory figures; token-weighted ones (losses)
+    are the ranks' average, as Lightning's `sync_dist` would give."""
+    if Rank.current(group).world_size == 1:
+        return dict(metrics)
+    gathered: list[dict[str, float] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, dict(metrics), group=group)
+    out = {}
+    for k in sorted({k for m in gathered for k in m}):
+        values = [m[k] for m in gathered if k in m]
+        out[k] = sum(values) if k in sums else sum(values) / len(values)
+    return out
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """Indices of one micro-batch; a dummy one only keeps the collectives in step."""
@@ -121,3 +154,58 @@ def generate_sync_kwargs(model: torch.nn.Module, group: dist.ProcessGroup | None
 
     sharded = any(isinstance(p, DTensor) for p in model.parameters())
     return {"synced_gpus": True} if sharded and Rank.current(group).world_size > 1 else {}
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether `module` holds FSDP2 (DTensor) parameters."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    # full_tensor() is a collective: every rank calls it for the same tensor in the same order.
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def iter_full_state_dict(
+    module: torch.nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device = "cpu"
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
+
+    Tensors are gathered one by one into a bucket that is yielded once it holds `bucket_bytes`
+    (or at the end); the consumer loads it into its engine and drops it before the next bucket is
+    gathered, so at most one bucket of full weights exists besides the shards. Every rank
+    receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
+    bucket of its own.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in module.state_dict().items():
+        full = _full(tensor.detach()).to(device)
+        bucket.append((name, full))
+        size += full.numel() * full.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def load_buckets(target: torch.nn.Module, buckets) -> int:
+    """Copy the buckets of `iter_full_state_dict` into an unsharded `target`; returns #tensors."""
+    own = target.state_dict()
+    count = 0
+    with torch.no_grad():
+        for bucket in buckets:
+            for name, full in bucket:
+                if name not in own:
+                    raise KeyError(f"engine model has no tensor {name!r}; is it the same model?")
+                own[name].copy_(full)
+                count += 1
+            del bucket
+    return count

@@ -53,6 +53,19 @@ def needle_samples(needle_dir):
 
 
 @pytest.fixture(scope="session")
+def sft_file(tmp_path_factory, tiny_qwen3_dir, needle_samples):
+    """The needle teacher's trajectories of `needle_samples` in the ParaVT SFT schema (jsonl)."""
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig
+    from paravt.data.sft_writer import teacher_rows, write_rows
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    rows = teacher_rows(needle_samples, processor, AgentConfig(max_rounds=2))
+    return write_rows(rows, tmp_path_factory.mktemp("sft") / "train.jsonl")
+
+
+@pytest.fixture(scope="session")
 def tool_caller(tiny_qwen3_dir, needle_samples):
     """A tiny Qwen3-VL overfitted for a few seconds to call crop_video in parallel and answer.
 

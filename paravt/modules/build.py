@@ -20,6 +20,7 @@ _EXPECTED_WARNINGS = (
     ".*Using ModelCheckpoint with manual optimization.*",  # post-update state is what we save
     ".*module\\(s\\) in eval mode at the start of training.*",  # the frozen reference
     ".*overridden `transfer_batch_to_device`.*",  # prompt batches hold no tensors
+    ".*Detected an existing checkpoint in.*",  # DCP rewriting `last.ckpt` each step (FSDP2)
 )
 
 

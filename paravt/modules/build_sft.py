@@ -59,6 +59,7 @@ def run_sft(cfg: DictConfig) -> float | None:
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
     if cfg.export_hf:
         run.module.export_hf(f"{cfg.run_dir}/hf")
-    print(sft_summary(cfg, run))
+    if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
+        print(sft_summary(cfg, run))
     loss = run.trainer.callback_metrics.get("loss")
     return None if loss is None else float(loss)

@@ -15,7 +15,6 @@ not decide when to sync an engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from paravt.distributed import iter_full_state_dict, load_buckets  # noqa: F401 - re-exported
 
 EXTRA_FILE = "paravt_extra.pt"
 
@@ -86,52 +87,6 @@ def local_numel(module: nn.Module) -> int:
     for p in module.parameters():
         total += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
     return total
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    # full_tensor() is a collective: every rank calls it for the same tensor in the same order.
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def iter_full_state_dict(
-    module: nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device = "cpu"
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
-
-    Tensors are gathered one by one into a bucket that is yielded once it holds `bucket_bytes`
-    (or at the end); the consumer loads it into its engine and drops it before the next bucket is
-    gathered, so at most one bucket of full weights exists besides the shards. Every rank
-    receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
-    bucket of its own.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in module.state_dict().items():
-        full = _full(tensor.detach()).to(device)
-        bucket.append((name, full))
-        size += full.numel() * full.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
-
-
-def load_buckets(target: nn.Module, buckets) -> int:
-    """Copy the buckets of `iter_full_state_dict` into an unsharded `target`; returns #tensors."""
-    own = target.state_dict()
-    count = 0
-    with torch.no_grad():
-        for bucket in buckets:
-            for name, full in bucket:
-                if name not in own:
-                    raise KeyError(f"engine model has no tensor {name!r}; is it the same model?")
-                own[name].copy_(full)
-                count += 1
-            del bucket
-    return count
 
 
 def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = False) -> dict:

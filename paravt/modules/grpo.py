@@ -5,6 +5,10 @@ the weights after update t-1 (or up to `rollout.max_staleness` updates older); t
 weight version and the staleness arrive with the batch and are logged. Optimisation is manual:
 PPO epochs x mini-batches of optimiser steps, gradients accumulated over micro-batches of a
 padded-token budget, clipped.
+Data parallel (FSDP2 under Lightning's ModelParallelStrategy, `trainer=fsdp`): `configure_model`
+shards policy and reference; each rank updates on its own prompts' groups with loss divisors of
+the GLOBAL batch, and runs the same number of forward/backward passes as every other rank
+(zero-weight dummy micro-batches), so the collectives never wait on a rank that has finished.
 The arithmetic lives in the pure core (`paravt.rl`, `paravt.rewards`); this file sequences it.
 """
 
@@ -12,12 +16,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 
 import lightning.pytorch as pl
 import torch
 
-from paravt.models.loading import PolicySpec, load_policy
+from paravt.distributed import (
+    MicroBatch,
+    Rank,
+    global_sums,
+    is_sharded,
+    mean_over_ranks,
+    pad_micro_batches,
+)
+from paravt.models.loading import PolicySpec, load_policy, vision_tower
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
@@ -29,7 +41,7 @@ from paravt.rewards.structural import (
 )
 from paravt.rl.kl import kl_penalty
 from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
-from paravt.rl.microbatch import MicroWeights, split_weights
+from paravt.rl.microbatch import MicroWeights, TermSizes, mini_sizes, split_weights
 from paravt.rl.objective import (
     AdvantageConfig,
     advantage_metrics,
@@ -65,6 +77,11 @@ class AlgorithmConfig:
     micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
     max_grad_norm: float = 1.0
     train_subagents: bool = False
+
+
+ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
+# Skip counts each rank keeps of its own prompts (summed over ranks; load-time ones are equal).
+SKIP_SUMS = ("rollout/skipped_prompts", "data/skipped_prompts", "data/undecodable_videos")
 
 
 class GRPOModule(pl.LightningModule):
@@ -123,6 +140,29 @@ class GRPOModule(pl.LightningModule):
         if self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
 
+    def configure_model(self) -> None:
+        """FSDP2: shard policy and reference over the data-parallel mesh (decoder layers one by
+        one, then the root; `paravt.modules.fsdp.shard_policy`). Lightning's ModelParallelStrategy
+        calls this with `device_mesh` set; on one device (no mesh) it does nothing."""
+        mesh = self.device_mesh
+        if mesh is None or is_sharded(self.policy):
+            return
+        from paravt.modules.fsdp import mixed_precision, shard_policy
+
+        if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
+            raise ValueError(
+                "model.freeze_vision=false is not supported under FSDP: the vision tower gets "
+                "gradients only on ranks whose micro-batch holds pixels, and FSDP2 reduces "
+                "gradients of the same parameters on every rank; keep model.freeze_vision=true "
+                "(the paper's setting) with trainer=fsdp"
+            )
+        dp = mesh["data_parallel"]
+        mp = mixed_precision(self.device.type)
+        ckpt = self.spec.gradient_checkpointing
+        shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+        if self.reference is not None:
+            shard_policy(self.reference, dp, mixed_precision=mp)
+
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
         if self.scheduler_factory is None:
@@ -161,6 +201,8 @@ class GRPOModule(pl.LightningModule):
         metrics["weight_version"] = float(batch.weight_version)
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
         metrics |= batch.counts
+        # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
+        metrics = mean_over_ranks(metrics, sums=("update/trajectories", *SKIP_SUMS))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))
@@ -176,19 +218,21 @@ class GRPOModule(pl.LightningModule):
         the reference needs a forward pass.
         """
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
-        if self.reference is None or not self.algo.kl_in_reward or not trajs:
+        if self.reference is None or not self.algo.kl_in_reward:
             return totals
         kls = []
         with torch.no_grad():
-            for chunk in self._chunks(trajs):
-                mb = [trajs[i] for i in chunk]
-                ref, batch, _ = self._logp(self.reference, mb)
+            for mb in pad_micro_batches(self._chunks(trajs)):
+                ref, batch, _ = self._logp(self.reference, self._rows(trajs, mb))
+                if mb.dummy:  # only keeps the sharded reference's collectives in step
+                    continue
                 behaviour = batch.old_logp.to(ref.device)
                 mask = batch.loss_mask.to(ref.device)
                 per_token = kl_penalty(behaviour, ref, self.algo.kl_estimator, mask)
                 kls.append(per_token.sum(-1).cpu())
-        seq_kl = torch.cat(kls)
-        self._reference_kl = float(seq_kl.mean())
+        # A rank whose prompts were all skipped (undecodable videos) ran dummies only.
+        seq_kl = torch.cat(kls) if kls else torch.zeros(0)
+        self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
     def _logp(self, model, trajs, logits: bool = False):
@@ -215,8 +259,8 @@ class GRPOModule(pl.LightningModule):
         for _ in range(self.algo.ppo_epochs):
             for mini in minis:
                 self._mini_step([items[i] for i in mini], [prox[i] for i in mini], sums, updates)
+                sums["grad_norm"] = grad_norm(self.policy)  # before clipping
                 self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
-                sums["grad_norm"] = grad_norm(self.policy)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 if self.scheduler_factory is not None:
@@ -231,9 +275,11 @@ class GRPOModule(pl.LightningModule):
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
-            for chunk in self._chunks(trajs):
-                logp, _, _ = self._logp(self.policy, [trajs[i] for i in chunk])
-                for row, i in enumerate(chunk):
+            for mb in pad_micro_batches(self._chunks(trajs)):
+                logp, _, _ = self._logp(self.policy, self._rows(trajs, mb))
+                if mb.dummy:
+                    continue
+                for row, i in enumerate(mb.indices):
                     out[i] = logp[row, : len(trajs[i].token_ids)].detach()
         return out
 
@@ -242,18 +288,36 @@ class GRPOModule(pl.LightningModule):
         lengths = [len(t.token_ids) for t in trajs]
         return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
 
+    def _rows(self, trajs: Sequence[Trajectory], mb: MicroBatch) -> list[Trajectory]:
+        """The trajectories of micro-batch `mb`; a dummy on a rank with none gets a 2-token
+        text row (its pass only keeps the sharded model's collectives in step)."""
+        if mb.indices:
+            return [trajs[i] for i in mb.indices]
+        pad = self.processor.tokenizer.pad_token_id
+        return [Trajectory("dummy", 0, (pad, pad), (0, 1), (0.0, 0.0), (), 1)]
+
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
         # Each loss term of a micro-batch is weighted by its share of that term's divisor over
-        # the mini-batch (paravt.rl.microbatch), so the accumulated gradient is the mini-batch's
-        # whatever the cut; metrics are averaged by trained-token share.
-        total = max(sum(t.num_trained_tokens for t, _, _ in items), 1)
-        chunks = self._chunks([t for t, _, _ in items])
+        # the GLOBAL mini-batch (all ranks; paravt.rl.microbatch), times the world size that
+        # FSDP's gradient average divides by, so the accumulated gradient is the mini-batch's
+        # whatever the cut and the number of ranks; metrics are averaged by trained-token share.
+        trajs = [t for t, _, _ in items]
         rows = [(t.token_ids, t.loss_mask, f) for t, _, f in items]
-        plan = split_weights(rows, chunks, self.struct_ids, self.algo.aggregation)
-        for chunk, weights in zip(chunks, plan, strict=True):
-            mb = [items[i] for i in chunk]
-            weight = sum(t.num_trained_tokens for t, _, _ in mb) / total
-            metrics = self._micro_step(mb, [prox[i] for i in chunk], weights)
+        chunks = self._chunks(trajs)
+        world = Rank.current().world_size
+        mini = mini_sizes(rows, self.struct_ids)
+        if world > 1:
+            mini = TermSizes(*(int(x) for x in global_sums(astuple(mini))))
+        plan = split_weights(rows, chunks, self.struct_ids, self.algo.aggregation, mini, world)
+        total = max(sum(t.num_trained_tokens for t in trajs), 1)
+        for i, mb in enumerate(pad_micro_batches(chunks)):
+            chosen = self._rows(trajs, mb)
+            if mb.dummy:  # a zero-weight pass: the other ranks still have micro-batches to run
+                self._micro_step([(t, 0.0, False) for t in chosen], [None], ZERO_WEIGHTS)
+                continue
+            mb_items = [items[j] for j in mb.indices]
+            weight = sum(t.num_trained_tokens for t in chosen) / total
+            metrics = self._micro_step(mb_items, [prox[j] for j in mb.indices], plan[i])
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
@@ -323,7 +387,14 @@ class GRPOModule(pl.LightningModule):
         return datamodule.evaluate(self, samples, greedy)
 
     def export_hf(self, path: str) -> None:
-        """Write the policy in HF format (loadable by transformers and vLLM) with its processor."""
+        """Write the policy in HF format (loadable by transformers and vLLM) with its processor.
+
+        Sharded: every rank must call it (the full weights are gathered); rank 0 writes."""
+        if is_sharded(self.policy):
+            from paravt.modules.fsdp import export_hf
+
+            export_hf(self.policy, self.processor, path)
+            return
         self.policy.save_pretrained(path)
         self.processor.save_pretrained(path)
 

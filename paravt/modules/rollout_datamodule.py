@@ -26,6 +26,7 @@ from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.data.datasets import BadRowError
 from paravt.data.rollout_datamodule import PromptBatch, PromptDataModule
+from paravt.distributed import is_sharded
 from paravt.errors import VideoError
 from paravt.rollout.engine import RolloutEngine, SamplingParams
 from paravt.rollout.factory import EngineConfig, build_engine
@@ -82,25 +83,39 @@ class RolloutDataModule(PromptDataModule):
 
     # ---- wiring -----------------------------------------------------------------------------
     def connect(self, module: RolloutPolicy) -> AgentLoop:
-        """Build the engine and the agent loop on `module`'s policy (once)."""
+        """Build the engine and the agent loop on `module`'s policy (once).
+
+        Lightning runs `setup` before `configure_model`, so under FSDP2 the policy is sharded
+        after the first connect: a transformers engine sharing it is then replaced by the
+        rank's own unsharded copy (`build_engine` makes one for a sharded policy)."""
         if self.agent is not None:
+            if self.engine_shares(module) and is_sharded(module.policy):
+                self.engine = self._build_engine(module)
+                self.agent.engine = self.engine
             return self.agent
         if not isinstance(module, RolloutPolicy):
             raise TypeError(
                 f"RolloutDataModule generates with the LightningModule's weights, but "
                 f"{type(module).__name__} lacks policy / processor / policy_version / model_path"
             )
-        self.engine = build_engine(
+        self.engine = self._build_engine(module)
+        renderer = ChatRenderer(module.processor)
+        crop = self.rollout.crop or CropConfig(factor=renderer.frame_factor)
+        self.agent = AgentLoop(self.engine, renderer, VideoReader(), self.rollout.agent, crop)
+        return self.agent
+
+    def _build_engine(self, module: RolloutPolicy) -> RolloutEngine:
+        return build_engine(
             self.rollout.engine,
             module.policy,
             module.processor,
             model_path=module.model_path,
             share_weights=self.rollout.max_staleness == 0,
         )
-        renderer = ChatRenderer(module.processor)
-        crop = self.rollout.crop or CropConfig(factor=renderer.frame_factor)
-        self.agent = AgentLoop(self.engine, renderer, VideoReader(), self.rollout.agent, crop)
-        return self.agent
+
+    def engine_shares(self, module: RolloutPolicy) -> bool:
+        """Whether the engine generates with `module`'s policy object itself."""
+        return getattr(self.engine, "model", None) is module.policy
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)

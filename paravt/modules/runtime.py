@@ -48,8 +48,12 @@ def set_rng_state(state: dict) -> None:
 
 
 def grad_norm(model: torch.nn.Module) -> float:
-    grads = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
-    return float(torch.stack(grads).norm()) if grads else 0.0
+    """The global L2 norm of `model`'s gradients (FSDP2 shards included: a collective then)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads)
+    return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
 
 def pad_rows(rows: Sequence[torch.Tensor], shape, device) -> torch.Tensor:

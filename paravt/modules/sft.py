@@ -7,6 +7,9 @@ vision placeholders), so SFT and RL see identical token/visual layouts. `SFTModu
 Lightning's automatic optimisation: gradient accumulation and clipping come from the Trainer,
 the LR schedule from `cosine_with_warmup`. It can also wrap an existing policy (`policy=`,
 `processor=`), which is how a cold start inside an RL run uses this same code path.
+Data parallel (FSDP2 under Lightning's ModelParallelStrategy, `trainer=fsdp`): `configure_model`
+shards the policy; each rank's loss is scaled so that FSDP's gradient average is the token mean
+over the GLOBAL micro-batch, and a rank whose rows were all bad still runs a zero-weight pass.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_batch
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
+from paravt.distributed import Rank, global_sum, is_sharded, token_loss_scale
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
@@ -196,6 +200,24 @@ class SFTModule(pl.LightningModule):
         self.loss_history: list[float] = []
         self._tick: float | None = None
 
+    def configure_model(self) -> None:
+        """FSDP2: shard the policy over the data-parallel mesh (see `GRPOModule`); a no-op on
+        one device."""
+        if self.device_mesh is None or is_sharded(self.policy):
+            return
+        from paravt.models.loading import vision_tower
+        from paravt.modules.fsdp import mixed_precision, shard_policy
+
+        if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
+            raise ValueError(
+                "model.freeze_vision=false is not supported under FSDP: keep "
+                "model.freeze_vision=true with trainer=fsdp (see GRPOModule.configure_model)"
+            )
+        ckpt = getattr(self.policy, "is_gradient_checkpointing", False)
+        mp = mixed_precision(self.device.type)
+        dp = self.device_mesh["data_parallel"]
+        shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
         if self.scheduler_factory is None:
@@ -222,11 +244,21 @@ class SFTModule(pl.LightningModule):
         if hasattr(self.trainer.datamodule, "on_batch_consumed"):
             self.trainer.datamodule.on_batch_consumed(batch)
         metrics = {"data/skipped_rows": float(len(batch.skipped))}
-        if not batch.examples:
+        world = Rank.current().world_size
+        if not batch.examples and world == 1:
             self.log_dict(metrics, batch_size=1)
             return None  # every row of this micro-batch was bad: no step, no crash
+        if not batch.examples:  # the other ranks' passes are collectives: join with weight 0
+            stats, _ = self.compute([self._dummy_example()])
+            global_sum(0.0)  # the token count every rank contributes below
+            self.log_dict(metrics, batch_size=1)
+            return stats.loss * 0.0
         stats, mb = self.compute(batch.examples)
         n = len(batch.examples)
+        scale = 1.0
+        if world > 1:  # the token mean over every rank's micro-batch, once FSDP averages
+            trained = int(mb.loss_mask.sum())
+            scale = token_loss_scale(trained, global_sum(trained), world)
         metrics |= {"train/loss": stats.loss.item(), "train/tokens": float(mb.num_tokens)}
         if stats.answer_loss is not None:
             metrics["train/answer_loss"] = stats.answer_loss.item()
@@ -236,7 +268,12 @@ class SFTModule(pl.LightningModule):
         self.log("loss", stats.loss.item(), prog_bar=True, batch_size=n)
         self.loss_history.append(stats.loss.item())
         self._tokens = mb.num_tokens
-        return stats.loss
+        return stats.loss * scale
+
+    def _dummy_example(self) -> SFTExample:
+        pad = self.processor.tokenizer.pad_token_id
+        traj = Trajectory("dummy", 0, (pad, pad), (0, 1), (0.0, 0.0), (), 1)
+        return SFTExample("dummy", traj, (0, 0))
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._tick = time.perf_counter()
@@ -275,6 +312,12 @@ class SFTModule(pl.LightningModule):
         return records
 
     def export_hf(self, path: str) -> None:
-        """Write the policy in HF format with its processor: what RL loads with model.path."""
+        """Write the policy in HF format with its processor: what RL loads with model.path.
+        Sharded: every rank calls it; rank 0 writes the gathered weights."""
+        if is_sharded(self.policy):
+            from paravt.modules.fsdp import export_hf
+
+            export_hf(self.policy, self.processor, path)
+            return
         self.policy.save_pretrained(path)
         self.processor.save_pretrained(path)

@@ -99,18 +99,29 @@ Row = tuple[Sequence[int], Sequence[int], bool]
 """(token_ids, loss_mask, well_formed) of one trajectory of the mini-batch."""
 
 
+def mini_sizes(rows: Sequence[Row], struct_ids: Sequence[int]) -> TermSizes:
+    """The term divisors of `rows` (one rank's share of a mini-batch, or all of it)."""
+    structural = [structural_count(ids, mask, struct_ids, ok) for ids, mask, ok in rows]
+    return term_sizes([mask for _, mask, _ in rows], structural)
+
+
 def split_weights(
     rows: Sequence[Row],
     chunks: Sequence[Sequence[int]],  # row indices of each micro-batch, covering the mini-batch
     struct_ids: Sequence[int],
     aggregation: str,
+    mini: TermSizes | None = None,
+    scale: float = 1.0,
 ) -> list[MicroWeights]:
-    """The weights of each micro-batch of one mini-batch (see the module docstring)."""
+    """The weights of each micro-batch of one mini-batch (see the module docstring).
 
-    def sizes(indices: Sequence[int]) -> TermSizes:
-        picked = [rows[i] for i in indices]
-        structural = [structural_count(ids, mask, struct_ids, ok) for ids, mask, ok in picked]
-        return term_sizes([mask for _, mask, _ in picked], structural)
-
-    mini = sizes([i for chunk in chunks for i in chunk])
-    return [micro_weights(sizes(chunk), mini, aggregation) for chunk in chunks]
+    Data parallel: `rows` are this rank's; `mini` gives the divisors of the GLOBAL mini-batch
+    (summed over ranks) and `scale` the world size W, since FSDP averages gradients over ranks:
+    W x size(micro) / size(global mini) makes that average the one-rank gradient exactly.
+    """
+    mini = mini or mini_sizes([rows[i] for chunk in chunks for i in chunk], struct_ids)
+    out = []
+    for chunk in chunks:
+        w = micro_weights(mini_sizes([rows[i] for i in chunk], struct_ids), mini, aggregation)
+        out.append(MicroWeights(w.policy * scale, w.kl * scale, w.anchor * scale))
+    return out

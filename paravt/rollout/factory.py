@@ -5,7 +5,9 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
 (through the DataModule's agent) and `paravt rollout` all call `build_engine`.
 
 - `hf`: `TransformersEngine` on the policy module itself (shared weights) or on a copy of it
-  (`share_weights=False`, for `rollout.max_staleness > 0`).
+  (`share_weights=False`, for `rollout.max_staleness > 0`). A policy sharded by FSDP2 always gets
+  an unsharded copy per rank, filled from the shards bucket by bucket: each rank then generates
+  its own prompts with no collectives, however many turns its rollouts take.
 - `vllm`: `VLLMEngine`, an in-process `vllm.LLM` loaded from `model_path` (or from a temporary
   export of the given model when there is no path), kept current by `sync_weights`.
 """
@@ -52,10 +54,27 @@ class EngineConfig:
 
 
 def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
+    from paravt.distributed import is_sharded
     from paravt.rollout.hf import TransformersEngine
 
-    own = model if share_weights else copy.deepcopy(model)
-    return TransformersEngine(own, processor.tokenizer)
+    own = model if share_weights and not is_sharded(model) else engine_copy(model, cfg)
+    return TransformersEngine(own, processor.tokenizer, sync_bucket_bytes=cfg.sync_bucket_mb << 20)
+
+
+def engine_copy(model, cfg: EngineConfig):
+    """An unsharded, frozen copy of `model` with its current weights (a deep copy, or, for an
+    FSDP2-sharded model, a fresh module of the same config filled from the gathered shards)."""
+    from paravt.distributed import is_sharded, iter_full_state_dict, load_buckets
+
+    if not is_sharded(model):
+        return copy.deepcopy(model)
+    import torch
+
+    first = next(model.parameters())
+    with torch.device(first.to_local().device):
+        clone = type(model)._from_config(model.config, dtype=first.dtype)
+    load_buckets(clone, iter_full_state_dict(model, cfg.sync_bucket_mb << 20, first.device))
+    return clone.requires_grad_(False).eval()
 
 
 def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:

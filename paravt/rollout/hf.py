@@ -16,7 +16,12 @@ from collections.abc import Sequence
 
 import torch
 
-from paravt.distributed import generate_sync_kwargs
+from paravt.distributed import (
+    generate_sync_kwargs,
+    is_sharded,
+    iter_full_state_dict,
+    load_buckets,
+)
 from paravt.rl.logprobs import token_logprobs
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
 from paravt.types import Visual
@@ -62,8 +67,15 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 class TransformersEngine:
     """`RolloutEngine` over a transformers Qwen-VL model living in this process."""
 
-    def __init__(self, model, tokenizer, stop_tokens: Sequence[str] = ("<|im_end|>",)):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        stop_tokens: Sequence[str] = ("<|im_end|>",),
+        sync_bucket_bytes: int = 256 << 20,
+    ):
         self.model = model
+        self.sync_bucket_bytes = sync_bucket_bytes
         self.tokenizer = tokenizer
         self.suppress_ids = vision_placeholder_ids(tokenizer)
         self.stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in stop_tokens]
@@ -78,7 +90,11 @@ class TransformersEngine:
 
     def sync_weights(self, policy, version: int) -> None:
         # Same process, same module: the weights are already shared; only the version moves.
-        if policy is not self.model:
+        # A copy: from an FSDP2-sharded policy, gathered bucket by bucket (every rank calls this).
+        if policy is not self.model and is_sharded(policy):
+            device = next(self.model.parameters()).device
+            load_buckets(self.model, iter_full_state_dict(policy, self.sync_bucket_bytes, device))
+        elif policy is not self.model:
             self.model.load_state_dict(policy.state_dict())
         self._version = version
 

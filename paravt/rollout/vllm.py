@@ -273,21 +273,16 @@ class VLLMEngine:
 
     # ---- weights ----------------------------------------------------------------------------
     def _buckets(self, policy) -> Iterator[tuple[str, Any]]:
-        """(name, tensor) of `policy`, materialised at most `sync_bucket_mb` at a time."""
+        """(name, tensor) of `policy`, materialised at most `sync_bucket_mb` at a time (gathered
+        from the shards of an FSDP2 policy: every rank calls this, each for its own engine)."""
         import torch
 
+        from paravt.distributed import iter_full_state_dict
+
         dtype = getattr(torch, self.cfg.dtype)
-        limit = self.cfg.sync_bucket_mb * 2**20
-        bucket: list[tuple[str, Any]] = []
-        size = 0
-        for name, tensor in policy.state_dict().items():
-            t = tensor.detach()
-            bucket.append((name, t.to("cpu" if not _on_gpu() else t.device, dtype)))
-            size += t.numel() * t.element_size()
-            if size >= limit:
-                yield from bucket
-                bucket, size = [], 0
-        yield from bucket
+        device = next(policy.parameters()).device if _on_gpu() else "cpu"
+        for bucket in iter_full_state_dict(policy, self.cfg.sync_bucket_mb * 2**20, device):
+            yield from ((name, t.to(dtype)) for name, t in bucket)
 
     def _reset_caches(self) -> None:
         """Prefix (KV) blocks, processed multimodal inputs and encoder outputs of old weights."""

@@ -268,6 +268,134 @@ def scenario_lightning(model_dir: str, out: Path, ckpt: Path) -> dict:
     return res
 
 
+# ---- GRPOModule itself under Lightning's ModelParallelStrategy -------------------------------
+def rollout_batches(model_dir: str, samples, steps: int, group: int) -> list:
+    """`steps` RolloutBatches of real rollouts (the tiny model, the agent loop, real videos),
+    sampled once so that a 1-rank and a 2-rank update see the very same trajectories."""
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.records import RolloutBatch
+    from paravt.video.reader import VideoReader
+
+    model, processor = load(model_dir)
+    engine = TransformersEngine(model, processor.tokenizer)
+    cfg = AgentConfig(max_rounds=1, max_new_tokens=24)
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+    out = []
+    for step in range(steps):
+        params = SamplingParams(temperature=1.0, seed=step)
+        trajs = agent.run(samples, [4] * len(samples), group, params)
+        durations = tuple(agent.source.info(s.video).duration for s in samples)
+        budgets = (4,) * len(samples)
+        out.append(
+            RolloutBatch(
+                step, 0, tuple(samples), budgets, tuple(trajs), group, 1.0, 0, 0, durations
+            )
+        )
+    return out
+
+
+def rank_share(batch, rank: int, world: int):
+    """Rank `rank`'s prompts of `batch` with their groups (what the RolloutDataModule serves)."""
+    from dataclasses import replace
+
+    mine = shard_prompts(range(len(batch.samples)), rank, world)
+    g = batch.group_size
+    return replace(
+        batch,
+        samples=tuple(batch.samples[i] for i in mine),
+        budgets=tuple(batch.budgets[i] for i in mine),
+        durations=tuple(batch.durations[i] for i in mine),
+        trajectories=tuple(t for i in mine for t in batch.trajectories[i * g : (i + 1) * g]),
+    )
+
+
+def without_variance(batch, step: int, prompts: int):
+    """`batch` as step `step` with the first `prompts` groups made of one repeated rollout:
+    zero reward variance, so those groups are dropped and their rank has nothing to train."""
+    from dataclasses import replace
+
+    g = batch.group_size
+    trajs = list(batch.trajectories)
+    for i in range(prompts):
+        trajs[i * g : (i + 1) * g] = [trajs[i * g]] * g
+    return replace(batch, step=step, trajectories=tuple(trajs))
+
+
+def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
+    """2 PARA-GRPO steps of GRPOModule (KL on, anchor on, many micro-batches) on this rank's
+    share of fixed rollout batches, through a Lightning Trainer on `WORLD_SIZE` CPU processes."""
+    from functools import partial
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from paravt.models.loading import PolicySpec
+    from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+    from paravt.rewards.compose import RewardWeights
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    batches = torch.load(batches_path, weights_only=False)
+    advantage = AdvantageConfig(drop_zero_variance=True)
+    algo = AlgorithmConfig(advantage, kl_coef=0.05, anchor_coef=0.1, micro_batch_tokens=2048)
+    module = GRPOModule(
+        PolicySpec(path=model_dir), algo, RewardWeights(), partial(torch.optim.AdamW, lr=LR)
+    )
+
+    class Batches(pl.LightningDataModule):
+        def train_dataloader(self):
+            from torch.utils.data import DataLoader
+
+            mine = [rank_share(b, self.trainer.global_rank, world) for b in batches]
+            return DataLoader(mine, batch_size=None, collate_fn=_identity)
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return batch
+
+    class Record(pl.Callback):
+        def __init__(self):
+            self.metrics: list[dict[str, float]] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.metrics.append({k: float(v) for k, v in trainer.logged_metrics.items()})
+
+    record = Record()
+    strategy = "auto"
+    if world > 1:
+        strategy = ModelParallelStrategy(world, 1, process_group_backend="gloo")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_steps=len(batches),
+        logger=False,
+        callbacks=[record],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(module, datamodule=Batches())
+    res = {"weights": full_weights(module.policy), "metrics": record.metrics}
+    res["policy_local"] = _local(module.policy)
+    res["reference_local"] = _local(module.reference)
+    res["full"] = sum(p.numel() for p in module.reference.parameters())
+    return res
+
+
+def _identity(item):
+    return item
+
+
+def _local(model) -> int:
+    from paravt.modules.fsdp import local_numel
+
+    return local_numel(model)
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
 
 
@@ -275,9 +403,10 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     scenario, model_dir, out = argv[0], argv[1], Path(argv[2])
     ckpt = Path(argv[3]) if len(argv) > 3 else out / "ckpt"
-    if scenario == "lightning":  # Lightning sets up (and owns) the process group
-        res = scenario_lightning(model_dir, out, ckpt)
-        torch.save(res, out / f"rank{dist.get_rank()}.pt")
+    if scenario in ("lightning", "grpo"):  # Lightning sets up (and owns) the process group
+        run = scenario_lightning if scenario == "lightning" else scenario_grpo
+        res = run(model_dir, out, ckpt)
+        torch.save(res, out / f"rank{int(os.environ.get('RANK', '0'))}.pt")
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:

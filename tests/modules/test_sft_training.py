@@ -25,18 +25,6 @@ def compose_cfg(overrides):
         return compose("train", overrides=list(overrides))
 
 
-@pytest.fixture(scope="module")
-def sft_file(tmp_path_factory, tiny_qwen3_dir, needle_samples):
-    from transformers import AutoProcessor
-
-    from paravt.agent.loop import AgentConfig
-    from paravt.data.sft_writer import teacher_rows, write_rows
-
-    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
-    rows = teacher_rows(needle_samples, processor, AgentConfig(max_rounds=2))
-    return write_rows(rows, tmp_path_factory.mktemp("sft") / "train.jsonl")
-
-
 def sft_overrides(tmp_path, tiny_dir, data_path, steps=2, *extra):
     return [
         "experiment=demo_sft",

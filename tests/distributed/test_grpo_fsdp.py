@@ -1,0 +1,81 @@
+"""GRPOModule itself under Lightning's ModelParallelStrategy (FSDP2, 2 CPU ranks over gloo).
+
+The same fixed rollout batches (real rollouts of the tiny model through the agent loop, sampled
+once here) are trained for 3 steps on 1 process and on 2, each rank taking its half of every
+step's prompts as the RolloutDataModule serves them. KL (a sharded reference), the structural
+anchor and many token-budget micro-batches are on; in step 3 all of rank 0's groups have zero
+reward variance and are dropped, so rank 0 trains nothing while rank 1 runs its micro-batches:
+the zero-weight dummy passes must keep the collectives in step (no hang) and leave the result
+equal to the one-process update.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"paravt_dist_{name}", HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+worker = _module("worker")
+launch = _module("launch").launch
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
+    """(1-rank results, 2-rank results per rank) of GRPOModule on the same batches."""
+    root = tmp_path_factory.mktemp("grpo_fsdp")
+    batches = worker.rollout_batches(str(tiny_qwen3_dir), needle_samples, steps=2, group=4)
+    batches.append(worker.without_variance(batches[1], step=2, prompts=2))
+    torch.save(batches, root / "batches.pt")
+    args = ["grpo", str(tiny_qwen3_dir)]
+    one = launch([*args, str(root / "one"), str(root / "batches.pt")], root / "one", world_size=1)
+    two = launch([*args, str(root / "two"), str(root / "batches.pt")], root / "two", world_size=2)
+    return one[0], two
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_ranks_update_like_one_rank(runs, tiny_qwen3_dir):
+    one, two = runs
+    initial = dict(worker.load(str(tiny_qwen3_dir))[0].state_dict())
+    assert _max_diff(one["weights"], initial) > 1e-4  # the 3 updates moved the weights
+    for rank in two:
+        assert _max_diff(rank["weights"], one["weights"]) < 1e-5
+
+
+def test_metrics_are_the_global_batch_s(runs):
+    one, two = runs
+    keys = ("reward/mean", "f_tau", "kappa", "grad_norm", "update/trajectories", "kl/reference")
+    assert len(one["metrics"]) == 3
+    for rank in two:
+        for k in keys:
+            got = [m[k] for m in rank["metrics"]]
+            want = [m[k] for m in one["metrics"]]
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-6), k
+    # Step 3: rank 0's two groups were dropped (zero variance), rank 1's trained.
+    assert [m["update/trajectories"] for m in one["metrics"]] == [16.0, 16.0, 8.0]
+    assert one["metrics"][2]["advantage/zero_variance_share"] == 0.5
+
+
+def test_policy_and_reference_are_sharded(runs):
+    one, two = runs
+    assert one["policy_local"] == one["full"]
+    assert sum(r["policy_local"] for r in two) == one["full"]
+    for rank in two:
+        for name in ("policy_local", "reference_local"):
+            assert 0.45 * rank["full"] <= rank[name] <= 0.55 * rank["full"]

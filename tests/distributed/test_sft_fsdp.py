@@ -1,0 +1,72 @@
+"""The SFT stage under FSDP2: `train.py experiment=demo_sft trainer=fsdp_cpu`, 2 CPU ranks.
+
+2 ranks x 1 conversation per micro-batch see the same rows as 1 rank x 2 (the SFTDataModule
+hands global micro-batch i*W + r to rank r), so with the loss scaled to the global token mean
+and the gradient norm clipped globally, both runs must reach the same weights.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sft(run_dir: Path, tiny_dir, data, *extra: str) -> str:
+    args = [
+        "experiment=demo_sft",
+        f"hydra.run.dir={run_dir}",
+        f"model.path={tiny_dir}",
+        "model.build_tiny=null",
+        f"data.train_path={data}",
+        "data.generate=null",
+        "data.shuffle=false",
+        "trainer.max_steps=2",
+        *extra,
+    ]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_qwen3_dir, sft_file):
+    root = tmp_path_factory.mktemp("sft_fsdp")
+    one = _sft(root / "one", tiny_qwen3_dir, sft_file, "data.batch_size=2")
+    two = _sft(root / "two", tiny_qwen3_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
+    return root, one, two
+
+
+def _weights(path: Path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def test_two_rank_sft_equals_one_rank_with_the_same_global_batch(runs, tiny_qwen3_dir):
+    root, _, two = runs
+    assert "MEMBER: 2/2" in two and two.count("== paravt SFT run") == 1
+    one_w, two_w = _weights(root / "one" / "hf"), _weights(root / "two" / "hf")
+    initial = _weights(Path(tiny_qwen3_dir))
+    assert max(float((one_w[k] - initial[k]).abs().max()) for k in initial) > 1e-4
+    assert max(float((one_w[k] - two_w[k]).abs().max()) for k in one_w) < 1e-5
+
+
+def test_sft_checkpoint_is_sharded(runs):
+    root, _, _ = runs
+    shards = sorted((root / "two" / "checkpoints").glob("*/*.distcp"))
+    assert {p.name for p in shards} == {"__0_0.distcp", "__1_0.distcp"}
