@@ -139,9 +139,16 @@ def _curve_lines(cfg: DictConfig) -> list[str]:
     return [f"curves: {', '.join(str(p) for p in paths)}"]
 
 
-def _skip_lines(datamodule) -> list[str]:
-    """What training left out: bad rows / videos at load, videos that failed mid-run."""
-    counts = getattr(datamodule, "skip_counts", lambda: {})()
+def _skip_lines(datamodule, logged=None) -> list[str]:
+    """What training left out: bad rows / videos at load, videos that failed mid-run.
+
+    `logged` (the trainer's callback metrics) holds the last step's counts summed over ranks;
+    the datamodule's own are this rank's (and may be newer): the larger of the two is shown.
+    """
+    counts = dict(getattr(datamodule, "skip_counts", lambda: {})())
+    for key in counts:
+        if logged is not None and key in logged:
+            counts[key] = max(counts[key], float(logged[key]))
     if not any(counts.values()):
         return []
     parts = {
@@ -187,7 +194,7 @@ def summary(cfg: DictConfig, run: Run) -> str:
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
     lines += _before_after_lines(run.module, run.datamodule.agent)
-    lines += _skip_lines(run.datamodule)
+    lines += _skip_lines(run.datamodule, run.trainer.callback_metrics)
     lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

@@ -81,7 +81,12 @@ class AlgorithmConfig:
 
 ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
 # Skip counts each rank keeps of its own prompts (summed over ranks; load-time ones are equal).
-SKIP_SUMS = ("rollout/skipped_prompts", "data/skipped_prompts", "data/undecodable_videos")
+SKIP_SUMS = (
+    "rollout/skipped_prompts",
+    "data/skipped_prompts",
+    "data/undecodable_videos",
+    "data/undecodable_eval_videos",
+)
 
 
 class GRPOModule(pl.LightningModule):
