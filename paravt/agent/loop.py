@@ -5,7 +5,9 @@ one `run_many` of the executor for all calls of all trajectories (concurrent cro
 sub-agent mode one batched engine call for every successful crop -> append each trajectory's
 next context segment (tool responses rendered together, mask 0) -> next round. After the last
 tool round the tool responses are followed by a forced-answer message. A trajectory whose next
-turn could exceed `max_total_tokens` stops and is marked truncated.
+turn could exceed `max_total_tokens` stops and is marked truncated. A sample whose overview
+frames fail to decode raises `VideoError`, or with `skip_bad_videos` gets G empty `VIDEO_ERROR`
+trajectories so the other samples' rollouts go on (crops that fail are tool errors, as always).
 
 The loop deliberately knows nothing of rewards or training; it returns `Trajectory` objects.
 """
