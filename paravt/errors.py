@@ -123,7 +123,28 @@ def user_message(error: BaseException) -> str | None:
         first = str(error).splitlines()[0].rstrip(":")
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else ""
         return (
-            f"config error: {first} {detail}; check the key names against the conf/ file of "
-            "that group (`python train.py --cfg job` prints the composed config)"
+            f"config error: {first} {detail};{_did_you_mean(first, cause)} check the key names "
+            "against the conf/ file of that group (`python train.py --cfg job` prints the "
+            "composed config)"
         )
     return None
+
+
+def _did_you_mean(first_line: str, cause: BaseException | None) -> str:
+    """` did you mean 'path'?` for an unexpected keyword of a `_target_`, else ""."""
+    import difflib
+    import inspect
+    import re
+
+    target = re.search(r"target '([\w.]+)'", first_line)
+    key = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+    if target is None or key is None:
+        return ""
+    try:
+        from hydra.utils import get_object
+
+        names = list(inspect.signature(get_object(target.group(1))).parameters)
+    except Exception:  # not importable or no signature: no suggestion
+        return ""
+    near = difflib.get_close_matches(key.group(1), names, n=1, cutoff=0.6)
+    return f" did you mean '{near[0]}'?" if near else ""

@@ -59,3 +59,12 @@ def test_no_hint_for_correct_or_deliberate_overrides():
     ok += ["run_dir=/tmp/x", "data.max_steps=3"]  # interpolated values: never resolved here
     assert typo_hints(conf, "train", ok) == []
     assert typo_hints(conf, "train", ["mode=parallel,sequential"]) == []
+
+
+def test_an_added_key_a_target_does_not_take_gets_the_closest_argument(tmp_path):
+    # `+key=` passes Hydra; the constructor refuses it (paravt.errors: one line, exit 2).
+    result = run("train.py", tmp_path, "+algorithm.clip_hgh=0.3")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert "clip_hgh" in line and "did you mean 'clip_high'?" in line
+    assert "Traceback" not in result.stderr
