@@ -81,6 +81,36 @@ def shard_policy(
     return model
 
 
+def is_meta(model: nn.Module) -> bool:
+    """Whether `model` is a skeleton on the meta device (`load_policy(..., on_meta=True)`)."""
+    return any(p.is_meta for p in model.parameters())
+
+
+def materialize_sharded(model: nn.Module, spec, device: torch.device | str) -> None:
+    """Fill a sharded meta-device skeleton with `spec`'s checkpoint, loaded by rank 0 only.
+
+    Rank 0 loads the full model (CPU) with `load_policy` (so every key conversion transformers
+    applies holds), the other ranks load nothing; each rank allocates its own shards and rank 0
+    broadcasts the weights into them, then the non-persistent buffers (rotary frequencies,
+    which no state dict holds). Peak memory: one full copy on rank 0's host, shards elsewhere.
+    """
+    from paravt.models.loading import load_policy
+
+    source = load_policy(spec)[0] if dist.get_rank() == 0 else None
+    model.to_empty(device=device)
+    full = source.state_dict() if source is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
+    persistent = set(model.state_dict())
+    own = dict(source.named_buffers()) if source is not None else {}
+    for name, buffer in model.named_buffers():
+        if name not in persistent:  # a plain tensor on every rank: broadcast rank 0's values
+            if source is not None:
+                buffer.copy_(own[name].to(buffer.device))
+            dist.broadcast(buffer, src=0)
+    del source, full
+
+
 def local_numel(module: nn.Module) -> int:
     """Elements of the parameters this rank holds (its shards only, for DTensors)."""
     total = 0

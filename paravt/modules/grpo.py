@@ -97,7 +97,10 @@ class GRPOModule(pl.LightningModule):
         optimizer: Callable,
         seed: int = 0,
         scheduler: Callable | None = None,
+        init_on_meta: bool = False,
     ):
+        """`init_on_meta` (set by `build_module` for FSDP2 trainers): policy and reference are
+        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards."""
         super().__init__()
         self.automatic_optimization = False
         self.spec, self.algo = model, algorithm
@@ -109,7 +112,7 @@ class GRPOModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
-        self.policy, self.processor = load_policy(model)
+        self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
         if algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
@@ -142,9 +145,15 @@ class GRPOModule(pl.LightningModule):
         one, then the root; `paravt.modules.fsdp.shard_policy`). Lightning's ModelParallelStrategy
         calls this with `device_mesh` set; on one device (no mesh) it does nothing."""
         mesh = self.device_mesh
+        from paravt.modules.fsdp import is_meta, materialize_sharded, mixed_precision, shard_policy
+
+        if mesh is None and is_meta(self.policy):
+            raise RuntimeError(
+                "GRPOModule(init_on_meta=True) needs an FSDP2 trainer (trainer=fsdp / fsdp_cpu) "
+                "to shard and fill the policy; build it with init_on_meta=False otherwise"
+            )
         if mesh is None or is_sharded(self.policy):
             return
-        from paravt.modules.fsdp import mixed_precision, shard_policy
 
         if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
             raise ValueError(
@@ -159,6 +168,9 @@ class GRPOModule(pl.LightningModule):
         shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
         if self.reference is not None:
             shard_policy(self.reference, dp, mixed_precision=mp)
+        for model in (self.policy, self.reference):
+            if model is not None and is_meta(model):  # no rank ever held the full weights
+                materialize_sharded(model, self.spec, self.device)
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])

@@ -185,12 +185,14 @@ class SFTModule(pl.LightningModule):
         pack_tokens: int = 8192,
         policy=None,
         processor=None,
+        init_on_meta: bool = False,  # FSDP2: a meta skeleton until configure_model fills it
     ):
         super().__init__()
+        self.spec = model
         if policy is None:
             from paravt.models.loading import load_policy
 
-            policy, processor = load_policy(model)
+            policy, processor = load_policy(model, on_meta=init_on_meta)
             policy.train()  # from_pretrained returns eval mode; dropout, if any, must be on
         self.policy, self.processor = policy, processor
         self.optimizer_factory = optimizer or torch.optim.AdamW
@@ -203,10 +205,13 @@ class SFTModule(pl.LightningModule):
     def configure_model(self) -> None:
         """FSDP2: shard the policy over the data-parallel mesh (see `GRPOModule`); a no-op on
         one device."""
+        from paravt.models.loading import vision_tower
+        from paravt.modules.fsdp import is_meta, materialize_sharded, mixed_precision, shard_policy
+
+        if self.device_mesh is None and is_meta(self.policy):
+            raise RuntimeError("SFTModule(init_on_meta=True) needs trainer=fsdp / fsdp_cpu")
         if self.device_mesh is None or is_sharded(self.policy):
             return
-        from paravt.models.loading import vision_tower
-        from paravt.modules.fsdp import mixed_precision, shard_policy
 
         if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
             raise ValueError(
@@ -217,6 +222,9 @@ class SFTModule(pl.LightningModule):
         mp = mixed_precision(self.device.type)
         dp = self.device_mesh["data_parallel"]
         shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+        if is_meta(self.policy):  # no rank ever held the full weights
+            materialize_sharded(self.policy, self.spec, self.device)
+        self.policy.train()
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
