@@ -111,6 +111,45 @@ def materialize_sharded(model: nn.Module, spec, device: torch.device | str) -> N
     del source, full
 
 
+def configure_sharding(module, spec, policy: nn.Module, *frozen: nn.Module | None) -> None:
+    """The `configure_model` of paravt's LightningModules under Lightning's ModelParallelStrategy.
+
+    Shards `policy` (activation checkpointing when it has gradient checkpointing on) and the
+    `frozen` models (a KL reference) over the data-parallel mesh, then fills every meta-device
+    skeleton from rank 0's load of `spec`. Without a mesh (one device) it does nothing.
+    """
+    from paravt.models.loading import vision_tower
+
+    mesh = module.device_mesh
+    if mesh is None:
+        if is_meta(policy):
+            raise RuntimeError(
+                f"{type(module).__name__}(init_on_meta=True) needs an FSDP2 trainer "
+                "(trainer=fsdp / fsdp_cpu) to shard and fill the policy"
+            )
+        return
+    if any(isinstance(p, DTensor) for p in policy.parameters()):
+        return  # already sharded (configure_model may run more than once)
+    if any(p.requires_grad for p in vision_tower(policy).parameters()):
+        raise ValueError(
+            "model.freeze_vision=false is not supported under FSDP: the vision tower gets "
+            "gradients only on ranks whose micro-batch holds pixels, and FSDP2 reduces the "
+            "gradients of the same parameters on every rank; keep model.freeze_vision=true "
+            "(the paper's setting) with trainer=fsdp"
+        )
+    dp, mp = mesh["data_parallel"], mixed_precision(module.device.type)
+    ckpt = bool(getattr(policy, "is_gradient_checkpointing", False))
+    shard_policy(policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+    models = [policy, *(m for m in frozen if m is not None)]
+    for model in models[1:]:
+        shard_policy(model, dp, mixed_precision=mp)
+    for model in models:
+        if is_meta(model):  # no rank ever held the full weights
+            if spec is None:
+                raise RuntimeError("a meta-device policy needs its PolicySpec to be filled")
+            materialize_sharded(model, spec, module.device)
+
+
 def local_numel(module: nn.Module) -> int:
     """Elements of the parameters this rank holds (its shards only, for DTensors)."""
     total = 0
@@ -160,7 +199,13 @@ def load_checkpoint(path: str | Path, model, optimizer) -> dict:
 
 
 def export_hf(model, processor, path: str | Path) -> None:
-    """One full HF checkpoint from the sharded `model`, written by rank 0 (all ranks call it)."""
+    """One full HF checkpoint of `model` (with its processor), loadable by transformers and vLLM.
+    A sharded model is gathered (every rank must call this) and written by rank 0."""
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        model.save_pretrained(str(path))
+        if processor is not None:
+            processor.save_pretrained(str(path))
+        return
     full = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
