@@ -135,20 +135,20 @@ class BenchmarkValidation(pl.Callback):
         device = pl_module.device
         accuracy = CategoryMean(_categories(self.samples)).to(device)
         fmt, calls = CategoryMean().to(device), CategoryMean().to(device)
-        accs, fmts, kappas = [], [], []
-        if shard:
-            with _eval_mode(pl_module), torch.no_grad():
-                trajectories = list(pl_module.evaluate_agent(shard, greedy=True))
-                if len(trajectories) != len(shard):
-                    raise ValueError(
-                        f"BenchmarkValidation({self.name!r}): evaluate_agent returned "
-                        f"{len(trajectories)} trajectories for {len(shard)} samples; it must "
-                        "return one greedy trajectory per sample, in order"
-                    )
-                rewards = [pl_module.score(t, s) for t, s in zip(trajectories, shard, strict=True)]
-            accs = [float(r.accuracy) for r in rewards]
-            fmts = [float(format_compliance(r)) for r in rewards]
-            kappas = [float(t.num_calls) for t in trajectories]
+        # Every rank calls the agent, even with an empty shard: refreshing a rank's engine from
+        # FSDP2 shards is a collective that all ranks must join.
+        with _eval_mode(pl_module), torch.no_grad():
+            trajectories = list(pl_module.evaluate_agent(shard, greedy=True))
+        if len(trajectories) != len(shard):
+            raise ValueError(
+                f"BenchmarkValidation({self.name!r}): evaluate_agent returned "
+                f"{len(trajectories)} trajectories for {len(shard)} samples; it must "
+                "return one greedy trajectory per sample, in order"
+            )
+        rewards = [pl_module.score(t, s) for t, s in zip(trajectories, shard, strict=True)]
+        accs = [float(r.accuracy) for r in rewards]
+        fmts = [float(format_compliance(r)) for r in rewards]
+        kappas = [float(t.num_calls) for t in trajectories]
         accuracy.update(torch.tensor(accs, dtype=torch.float64), [_labels(s) for s in shard])
         fmt.update(torch.tensor(fmts, dtype=torch.float64))
         calls.update(torch.tensor(kappas, dtype=torch.float64))

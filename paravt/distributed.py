@@ -132,6 +132,14 @@ def pad_micro_batches(
     return real + [MicroBatch(filler, dummy=True)] * (target - len(real))
 
 
+def filler_trajectory(pad_id: int):
+    """A 2-token text row (one trained token) for a rank with nothing to run: its zero-weight
+    pass only keeps the sharded model's collectives in step."""
+    from paravt.types import Trajectory
+
+    return Trajectory("filler", 0, (pad_id, pad_id), (0, 1), (0.0, 0.0), (), 1)
+
+
 def token_loss_scale(local_tokens: int, global_tokens: float, world_size: int) -> float:
     """Factor on a micro-batch's token-mean loss so the rank-averaged gradient is the global one.
 

@@ -57,19 +57,34 @@ def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
     build_tiny_model(path, cfg)
 
 
-def load_policy(spec: PolicySpec):
-    """(model, processor) for `spec`, building the tiny checkpoint first when asked."""
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
+def policy_path(spec: PolicySpec) -> Path:
+    """The checkpoint directory of `spec`, building the tiny checkpoint first when asked."""
     path = Path(spec.path).expanduser()
     if spec.build_tiny is not None and may_build_tiny(spec.path, spec.build_tiny, spec.tiny_dir):
         ensure_tiny(path, spec.build_tiny, spec.tiny)
     if not (path / "config.json").exists():
         check_model_path(spec.path, spec.build_tiny, spec.tiny_dir)
-    model = AutoModelForImageTextToText.from_pretrained(
-        path, dtype=getattr(torch, spec.dtype), attn_implementation=spec.attn_implementation
-    )
+    return path
+
+
+def load_policy(spec: PolicySpec, on_meta: bool = False):
+    """(model, processor) for `spec`, building the tiny checkpoint first when asked.
+
+    `on_meta`: the model's skeleton only, parameters on the meta device (no memory, no weights
+    read), for FSDP2 to shard before anything is materialised (`paravt.modules.fsdp.
+    materialize_sharded` then fills the shards from rank 0's load).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    path = policy_path(spec)
+    kwargs = {"dtype": getattr(torch, spec.dtype), "attn_implementation": spec.attn_implementation}
+    if on_meta:
+        with torch.device("meta"):
+            config = AutoConfig.from_pretrained(path)
+            model = AutoModelForImageTextToText.from_config(config, **kwargs)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     if spec.freeze_vision:
         vision_tower(model).requires_grad_(False)
     if spec.gradient_checkpointing:

@@ -35,7 +35,7 @@ def build_callbacks(cfg: DictConfig) -> list:
     return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
 
 
-def build_module(cfg: DictConfig):
+def build_module(cfg: DictConfig, init_on_meta: bool = False):
     from dataclasses import replace
 
     from paravt.modules.grpo import GRPOModule
@@ -53,7 +53,16 @@ def build_module(cfg: DictConfig):
         optimizer=instantiate(cfg.optimizer),
         seed=cfg.seed,
         scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+        init_on_meta=init_on_meta,
     )
+
+
+def shards_model(trainer) -> bool:
+    """Whether `trainer` runs FSDP2 (the module's configure_model shards the policy), so the
+    module can start as a meta-device skeleton that rank 0 fills after sharding."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(trainer.strategy, ModelParallelStrategy)
 
 
 def build_run(cfg: DictConfig) -> Run:
@@ -67,13 +76,22 @@ def build_run(cfg: DictConfig) -> Run:
     datamodule = instantiate(cfg.data, _partial_=True)(rollout=instantiate(cfg.rollout))
     logger = instantiate(cfg.logger)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
-    return Run(trainer=trainer, module=build_module(cfg), datamodule=datamodule)
+    module = build_module(cfg, init_on_meta=shards_model(trainer))
+    return Run(trainer=trainer, module=module, datamodule=datamodule)
 
 
 def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
     """Supervised steps on teacher trajectories before RL, unless resuming or not configured."""
     if cfg.get("cold_start") is None or cfg.get("ckpt_path"):
         return []
+    if shards_model(run.trainer):
+        from paravt.errors import UserError
+
+        raise UserError(
+            "cold_start runs in one process before fit and cannot use trainer=fsdp / fsdp_cpu: "
+            "set cold_start=null and start from an SFT checkpoint (experiment=sft_coldstart, "
+            "then model.path=runs/sft_coldstart/hf)"
+        )
     from paravt.modules.coldstart import cold_start
 
     run.datamodule.prepare_data()

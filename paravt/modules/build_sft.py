@@ -11,10 +11,10 @@ import warnings
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from paravt.modules.build import Run, build_callbacks
+from paravt.modules.build import Run, build_callbacks, shards_model
 
 
-def build_sft_module(cfg: DictConfig):
+def build_sft_module(cfg: DictConfig, init_on_meta: bool = False):
     """The `SFTModule` of `cfg.sft` with the run's model, optimizer and scheduler."""
     scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
     return instantiate(
@@ -22,6 +22,7 @@ def build_sft_module(cfg: DictConfig):
         model=instantiate(cfg.model),
         optimizer=instantiate(cfg.optimizer),
         scheduler=scheduler,
+        init_on_meta=init_on_meta,
     )
 
 
@@ -31,10 +32,11 @@ def build_sft_run(cfg: DictConfig) -> Run:
     # SFT batches are encoded rows, not tensors: the module builds tensors on its device.
     warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
     pl.seed_everything(cfg.seed, workers=True)
-    module = build_sft_module(cfg)  # first: builds a missing tiny model the data writer needs
-    datamodule = instantiate(cfg.data)
     logger = instantiate(cfg.logger)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
+    # Before the data: builds a missing tiny model the data writer needs.
+    module = build_sft_module(cfg, init_on_meta=shards_model(trainer))
+    datamodule = instantiate(cfg.data)
     return Run(trainer=trainer, module=module, datamodule=datamodule)
 
 

@@ -81,6 +81,75 @@ def shard_policy(
     return model
 
 
+def is_meta(model: nn.Module) -> bool:
+    """Whether `model` is a skeleton on the meta device (`load_policy(..., on_meta=True)`)."""
+    return any(p.is_meta for p in model.parameters())
+
+
+def materialize_sharded(model: nn.Module, spec, device: torch.device | str) -> None:
+    """Fill a sharded meta-device skeleton with `spec`'s checkpoint, loaded by rank 0 only.
+
+    Rank 0 loads the full model (CPU) with `load_policy` (so every key conversion transformers
+    applies holds), the other ranks load nothing; each rank allocates its own shards and rank 0
+    broadcasts the weights into them, then the non-persistent buffers (rotary frequencies,
+    which no state dict holds). Peak memory: one full copy on rank 0's host, shards elsewhere.
+    """
+    from paravt.models.loading import load_policy
+
+    source = load_policy(spec)[0] if dist.get_rank() == 0 else None
+    model.to_empty(device=device)
+    full = source.state_dict() if source is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
+    persistent = set(model.state_dict())
+    own = dict(source.named_buffers()) if source is not None else {}
+    for name, buffer in model.named_buffers():
+        if name not in persistent:  # a plain tensor on every rank: broadcast rank 0's values
+            if source is not None:
+                buffer.copy_(own[name].to(buffer.device))
+            dist.broadcast(buffer, src=0)
+    del source, full
+
+
+def configure_sharding(module, spec, policy: nn.Module, *frozen: nn.Module | None) -> None:
+    """The `configure_model` of paravt's LightningModules under Lightning's ModelParallelStrategy.
+
+    Shards `policy` (activation checkpointing when it has gradient checkpointing on) and the
+    `frozen` models (a KL reference) over the data-parallel mesh, then fills every meta-device
+    skeleton from rank 0's load of `spec`. Without a mesh (one device) it does nothing.
+    """
+    from paravt.models.loading import vision_tower
+
+    mesh = module.device_mesh
+    if mesh is None:
+        if is_meta(policy):
+            raise RuntimeError(
+                f"{type(module).__name__}(init_on_meta=True) needs an FSDP2 trainer "
+                "(trainer=fsdp / fsdp_cpu) to shard and fill the policy"
+            )
+        return
+    if any(isinstance(p, DTensor) for p in policy.parameters()):
+        return  # already sharded (configure_model may run more than once)
+    if any(p.requires_grad for p in vision_tower(policy).parameters()):
+        raise ValueError(
+            "model.freeze_vision=false is not supported under FSDP: the vision tower gets "
+            "gradients only on ranks whose micro-batch holds pixels, and FSDP2 reduces the "
+            "gradients of the same parameters on every rank; keep model.freeze_vision=true "
+            "(the paper's setting) with trainer=fsdp"
+        )
+    dp, mp = mesh["data_parallel"], mixed_precision(module.device.type)
+    ckpt = bool(getattr(policy, "is_gradient_checkpointing", False))
+    shard_policy(policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+    models = [policy, *(m for m in frozen if m is not None)]
+    for model in models[1:]:
+        shard_policy(model, dp, mixed_precision=mp)
+    for model in models:
+        if is_meta(model):  # no rank ever held the full weights
+            if spec is None:
+                raise RuntimeError("a meta-device policy needs its PolicySpec to be filled")
+            materialize_sharded(model, spec, module.device)
+
+
 def local_numel(module: nn.Module) -> int:
     """Elements of the parameters this rank holds (its shards only, for DTensors)."""
     total = 0
@@ -130,7 +199,13 @@ def load_checkpoint(path: str | Path, model, optimizer) -> dict:
 
 
 def export_hf(model, processor, path: str | Path) -> None:
-    """One full HF checkpoint from the sharded `model`, written by rank 0 (all ranks call it)."""
+    """One full HF checkpoint of `model` (with its processor), loadable by transformers and vLLM.
+    A sharded model is gathered (every rank must call this) and written by rank 0."""
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        model.save_pretrained(str(path))
+        if processor is not None:
+            processor.save_pretrained(str(path))
+        return
     full = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )

@@ -24,12 +24,12 @@ import torch
 from paravt.distributed import (
     MicroBatch,
     Rank,
+    filler_trajectory,
     global_sums,
-    is_sharded,
     mean_over_ranks,
     pad_micro_batches,
 )
-from paravt.models.loading import PolicySpec, load_policy, vision_tower
+from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
@@ -104,7 +104,10 @@ class GRPOModule(pl.LightningModule):
         optimizer: Callable,
         seed: int = 0,
         scheduler: Callable | None = None,
+        init_on_meta: bool = False,
     ):
+        """`init_on_meta` (set by `build_module` for FSDP2 trainers): policy and reference are
+        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards."""
         super().__init__()
         self.automatic_optimization = False
         self.spec, self.algo = model, algorithm
@@ -116,7 +119,7 @@ class GRPOModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
-        self.policy, self.processor = load_policy(model)
+        self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
         if algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
@@ -146,27 +149,11 @@ class GRPOModule(pl.LightningModule):
             self.reference.load_state_dict(self.policy.state_dict())
 
     def configure_model(self) -> None:
-        """FSDP2: shard policy and reference over the data-parallel mesh (decoder layers one by
-        one, then the root; `paravt.modules.fsdp.shard_policy`). Lightning's ModelParallelStrategy
-        calls this with `device_mesh` set; on one device (no mesh) it does nothing."""
-        mesh = self.device_mesh
-        if mesh is None or is_sharded(self.policy):
-            return
-        from paravt.modules.fsdp import mixed_precision, shard_policy
+        """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
+        fill) policy and reference (`paravt.modules.fsdp.configure_sharding`); one device: no-op."""
+        from paravt.modules.fsdp import configure_sharding
 
-        if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
-            raise ValueError(
-                "model.freeze_vision=false is not supported under FSDP: the vision tower gets "
-                "gradients only on ranks whose micro-batch holds pixels, and FSDP2 reduces "
-                "gradients of the same parameters on every rank; keep model.freeze_vision=true "
-                "(the paper's setting) with trainer=fsdp"
-            )
-        dp = mesh["data_parallel"]
-        mp = mixed_precision(self.device.type)
-        ckpt = self.spec.gradient_checkpointing
-        shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
-        if self.reference is not None:
-            shard_policy(self.reference, dp, mixed_precision=mp)
+        configure_sharding(self, self.spec, self.policy, self.reference)
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -294,12 +281,10 @@ class GRPOModule(pl.LightningModule):
         return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
 
     def _rows(self, trajs: Sequence[Trajectory], mb: MicroBatch) -> list[Trajectory]:
-        """The trajectories of micro-batch `mb`; a dummy on a rank with none gets a 2-token
-        text row (its pass only keeps the sharded model's collectives in step)."""
+        """The trajectories of micro-batch `mb` (a filler row for a dummy on an empty rank)."""
         if mb.indices:
             return [trajs[i] for i in mb.indices]
-        pad = self.processor.tokenizer.pad_token_id
-        return [Trajectory("dummy", 0, (pad, pad), (0, 1), (0.0, 0.0), (), 1)]
+        return [filler_trajectory(self.processor.tokenizer.pad_token_id)]
 
     def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
         # Each loss term of a micro-batch is weighted by its share of that term's divisor over
@@ -392,16 +377,11 @@ class GRPOModule(pl.LightningModule):
         return datamodule.evaluate(self, samples, greedy)
 
     def export_hf(self, path: str) -> None:
-        """Write the policy in HF format (loadable by transformers and vLLM) with its processor.
+        """The policy in HF format with its processor (what `model.path` / vLLM load); under
+        FSDP2 every rank calls it and rank 0 writes the gathered weights."""
+        from paravt.modules.fsdp import export_hf
 
-        Sharded: every rank must call it (the full weights are gathered); rank 0 writes."""
-        if is_sharded(self.policy):
-            from paravt.modules.fsdp import export_hf
-
-            export_hf(self.policy, self.processor, path)
-            return
-        self.policy.save_pretrained(path)
-        self.processor.save_pretrained(path)
+        export_hf(self.policy, self.processor, path)
 
     def state_dict(self, *args, **kwargs):
         # The reference is frozen and rebuilt from the checkpoint path; keep checkpoints lean.

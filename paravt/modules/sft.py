@@ -25,7 +25,7 @@ import torch
 from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_batch
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
-from paravt.distributed import Rank, global_sum, is_sharded, token_loss_scale
+from paravt.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
@@ -185,12 +185,14 @@ class SFTModule(pl.LightningModule):
         pack_tokens: int = 8192,
         policy=None,
         processor=None,
+        init_on_meta: bool = False,  # FSDP2: a meta skeleton until configure_model fills it
     ):
         super().__init__()
+        self.spec = model
         if policy is None:
             from paravt.models.loading import load_policy
 
-            policy, processor = load_policy(model)
+            policy, processor = load_policy(model, on_meta=init_on_meta)
             policy.train()  # from_pretrained returns eval mode; dropout, if any, must be on
         self.policy, self.processor = policy, processor
         self.optimizer_factory = optimizer or torch.optim.AdamW
@@ -201,22 +203,11 @@ class SFTModule(pl.LightningModule):
         self._tick: float | None = None
 
     def configure_model(self) -> None:
-        """FSDP2: shard the policy over the data-parallel mesh (see `GRPOModule`); a no-op on
-        one device."""
-        if self.device_mesh is None or is_sharded(self.policy):
-            return
-        from paravt.models.loading import vision_tower
-        from paravt.modules.fsdp import mixed_precision, shard_policy
+        """FSDP2: shard (and fill from a meta skeleton) the policy; see `GRPOModule`."""
+        from paravt.modules.fsdp import configure_sharding
 
-        if any(p.requires_grad for p in vision_tower(self.policy).parameters()):
-            raise ValueError(
-                "model.freeze_vision=false is not supported under FSDP: keep "
-                "model.freeze_vision=true with trainer=fsdp (see GRPOModule.configure_model)"
-            )
-        ckpt = getattr(self.policy, "is_gradient_checkpointing", False)
-        mp = mixed_precision(self.device.type)
-        dp = self.device_mesh["data_parallel"]
-        shard_policy(self.policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
+        configure_sharding(self, self.spec, self.policy)
+        self.policy.train()
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -271,9 +262,8 @@ class SFTModule(pl.LightningModule):
         return stats.loss * scale
 
     def _dummy_example(self) -> SFTExample:
-        pad = self.processor.tokenizer.pad_token_id
-        traj = Trajectory("dummy", 0, (pad, pad), (0, 1), (0.0, 0.0), (), 1)
-        return SFTExample("dummy", traj, (0, 0))
+        traj = filler_trajectory(self.processor.tokenizer.pad_token_id)
+        return SFTExample(traj.sample_id, traj, (0, 0))
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._tick = time.perf_counter()
@@ -312,12 +302,8 @@ class SFTModule(pl.LightningModule):
         return records
 
     def export_hf(self, path: str) -> None:
-        """Write the policy in HF format with its processor: what RL loads with model.path.
-        Sharded: every rank calls it; rank 0 writes the gathered weights."""
-        if is_sharded(self.policy):
-            from paravt.modules.fsdp import export_hf
+        """The policy in HF format with its processor (what `model.path` / vLLM load); under
+        FSDP2 every rank calls it and rank 0 writes the gathered weights."""
+        from paravt.modules.fsdp import export_hf
 
-            export_hf(self.policy, self.processor, path)
-            return
-        self.policy.save_pretrained(path)
-        self.processor.save_pretrained(path)
+        export_hf(self.policy, self.processor, path)

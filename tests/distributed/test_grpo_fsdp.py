@@ -6,7 +6,8 @@ step's prompts as the RolloutDataModule serves them. KL (a sharded reference), t
 anchor and many token-budget micro-batches are on; in step 3 all of rank 0's groups have zero
 reward variance and are dropped, so rank 0 trains nothing while rank 1 runs its micro-batches:
 the zero-weight dummy passes must keep the collectives in step (no hang) and leave the result
-equal to the one-process update.
+equal to the one-process update. The 2-rank module starts as a meta-device skeleton (rank 0
+alone reads the checkpoint and fills the shards), as `train.py trainer=fsdp` builds it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def test_metrics_are_the_global_batch_s(runs):
     # Step 3: rank 0's two groups were dropped (zero variance), rank 1's trained.
     assert [m["update/trajectories"] for m in one["metrics"]] == [16.0, 16.0, 8.0]
     assert one["metrics"][2]["advantage/zero_variance_share"] == 0.5
+
+
+def test_meta_device_load_restores_every_buffer(runs):
+    one, two = runs  # rank 0 alone read the checkpoint; rotary frequencies are in no state dict
+    assert one["buffers"] and sorted(one["buffers"]) == sorted(two[1]["buffers"])
+    for name, value in one["buffers"].items():
+        assert torch.equal(two[1]["buffers"][name], value), name
 
 
 def test_policy_and_reference_are_sharded(runs):

@@ -340,9 +340,10 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     batches = torch.load(batches_path, weights_only=False)
     advantage = AdvantageConfig(drop_zero_variance=True)
     algo = AlgorithmConfig(advantage, kl_coef=0.05, anchor_coef=0.1, micro_batch_tokens=2048)
-    module = GRPOModule(
-        PolicySpec(path=model_dir), algo, RewardWeights(), partial(torch.optim.AdamW, lr=LR)
-    )
+    # 2 ranks: the meta-device path (rank 0 alone loads, then fills every rank's shards).
+    opt = partial(torch.optim.AdamW, lr=LR)
+    spec = PolicySpec(path=model_dir)
+    module = GRPOModule(spec, algo, RewardWeights(), opt, init_on_meta=world > 1)
 
     class Batches(pl.LightningDataModule):
         def train_dataloader(self):
@@ -383,6 +384,7 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     res["policy_local"] = _local(module.policy)
     res["reference_local"] = _local(module.reference)
     res["full"] = sum(p.numel() for p in module.reference.parameters())
+    res["buffers"] = {n: b.clone() for n, b in module.policy.named_buffers()}
     return res
 
 
