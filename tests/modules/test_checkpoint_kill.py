@@ -1,11 +1,13 @@
 """SIGKILL at the worst moments of a checkpoint write: `last.ckpt` stays whole, resume works.
 
-A discriminating test (issue 12 item 8): the kill lands exactly when the new checkpoint's bytes
-are being written (a new temporary file appears) or when `last.ckpt` itself changes on disk. The
-paravt writer (conf/trainer/cpu.yaml's AtomicCheckpointIO) passes at both moments; the control
-shows Lightning's stock TorchCheckpointIO leaving a torn `last.ckpt` at the second one when its
-temporary folder is on another filesystem than the checkpoints (fsspec then copies the file
-into place instead of renaming it), the common case of /tmp on local disk and runs on a volume.
+A discriminating test (issue 12 item 8): the kill lands the instant a new checkpoint's bytes
+start to land (a new temporary file appears), or the instant `last.ckpt` is seen changed and not
+a complete checkpoint while the run saves every step. With the paravt writer (conf/trainer/
+cpu.yaml's AtomicCheckpointIO) `last.ckpt` is never seen torn and the run resumes after the
+kill; the control shows Lightning's stock TorchCheckpointIO caught mid-copy, leaving a torn
+`last.ckpt`, when its temporary folder is on another filesystem than the checkpoints (fsspec
+then copies the file into place instead of renaming it), the common case of /tmp on local disk
+and runs on a mounted volume.
 """
 
 from __future__ import annotations
@@ -91,24 +93,56 @@ def _files(folders: list[Path]) -> set[Path]:
     return {p for folder in folders if folder.exists() for p in folder.iterdir()}
 
 
-def _kill_at(moment: str, proc, last: Path, tmpdir: Path, timeout: float = 120.0) -> None:
-    """SIGKILL `proc` at `moment` of a checkpoint write after the first complete last.ckpt:
-    `temp` = a new file appears next to it or in TMPDIR; `final` = last.ckpt changes on disk."""
+def _wait_for_checkpoint(proc, last: Path, timeout: float) -> None:
     start = time.monotonic()
     while not is_complete_checkpoint(last):
         if proc.poll() is not None or time.monotonic() - start > timeout:
             pytest.fail(f"no checkpoint appeared:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.01)
+
+
+def _kill(proc) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _kill_when_writing(proc, last: Path, tmpdir: Path, timeout: float = 120.0) -> None:
+    """SIGKILL `proc` the instant a new checkpoint's bytes start to land: a new file appears
+    next to last.ckpt or in TMPDIR (after the first complete last.ckpt)."""
+    _wait_for_checkpoint(proc, last, timeout)
     folders = [last.parent, tmpdir]
-    before, seen = _state(last), _files(folders)
-    while True:
-        changed = _state(last) != before if moment == "final" else bool(_files(folders) - seen)
-        if changed:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return
+    seen, start = _files(folders), time.monotonic()
+    while not _files(folders) - seen:
         if proc.poll() is not None or time.monotonic() - start > timeout:
             pytest.fail(f"the run ended before the kill:\n{proc.communicate()[0][-3000:]}")
+    _kill(proc)
+
+
+def _watch_then_kill(proc, last: Path, seconds: float, timeout: float = 120.0) -> str:
+    """Poll last.ckpt through `seconds` of saves; SIGKILL the instant it is seen changed and
+    not a complete checkpoint ("torn"), else at the end ("whole")."""
+    _wait_for_checkpoint(proc, last, timeout)
+    before, start = _state(last), time.monotonic()
+    while time.monotonic() - start < seconds:
+        now = _state(last)
+        if now != before:
+            if not is_complete_checkpoint(last):
+                _kill(proc)
+                return "torn"
+            before = now
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before the kill:\n{proc.communicate()[0][-3000:]}")
+    _kill(proc)
+    return "whole"
+
+
+def _resumes(tmp_path: Path, tmpdir: Path, last: Path) -> None:
+    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert step >= 1
+    resumed = _launch(tmp_path, "paravt", step + 2, True, tmpdir)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"GLOBAL_STEP {step + 2}" in out, out[-3000:]
 
 
 @pytest.fixture
@@ -125,23 +159,29 @@ def other_fs_tmpdir(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["temp", "final"])
-def test_a_kill_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, other_fs_tmpdir, moment):
+def test_a_kill_as_a_new_checkpoint_starts_landing_leaves_the_old_one(tmp_path, other_fs_tmpdir):
     last = tmp_path / "checkpoints" / "last.ckpt"
-    proc = _launch(tmp_path, "paravt", 100_000, False, other_fs_tmpdir)
-    _kill_at(moment, proc, last, other_fs_tmpdir)
+    _kill_when_writing(
+        _launch(tmp_path, "paravt", 100_000, False, other_fs_tmpdir), last, other_fs_tmpdir
+    )
     assert is_complete_checkpoint(last)
-    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
-    assert step >= 1
-    resumed = _launch(tmp_path, "paravt", step + 2, True, other_fs_tmpdir)
-    out = resumed.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, out[-3000:]
-    assert f"GLOBAL_STEP {step + 2}" in out, out[-3000:]
+    _resumes(tmp_path, other_fs_tmpdir, last)
 
 
 @pytest.mark.slow
-def test_control_the_stock_writer_tears_last_ckpt_at_the_same_kill(tmp_path, other_fs_tmpdir):
+def test_last_ckpt_is_never_seen_torn_and_a_kill_anywhere_resumes(tmp_path, other_fs_tmpdir):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    proc = _launch(tmp_path, "paravt", 100_000, False, other_fs_tmpdir)
+    assert _watch_then_kill(proc, last, seconds=6.0) == "whole"
+    assert is_complete_checkpoint(last)
+    _resumes(tmp_path, other_fs_tmpdir, last)
+
+
+@pytest.mark.slow
+def test_control_the_stock_writer_exposes_a_torn_last_ckpt(tmp_path, other_fs_tmpdir):
     last = tmp_path / "checkpoints" / "last.ckpt"
     proc = _launch(tmp_path, "stock", 100_000, False, other_fs_tmpdir)
-    _kill_at("final", proc, last, other_fs_tmpdir)
+    # The same watch catches Lightning's writer copying into last.ckpt, and the kill there
+    # leaves it torn: `ckpt_path=last` would fail to load it.
+    assert _watch_then_kill(proc, last, seconds=60.0) == "torn"
     assert last.exists() and not is_complete_checkpoint(last)
