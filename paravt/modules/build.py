@@ -93,6 +93,7 @@ def _cold_start_lines(module) -> list[str]:
     if not losses:
         return []
     lines = [f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"]
+    lines += getattr(module, "cold_start_notes", [])
     report = getattr(module, "cold_start_report", None)
     for split in ("train", "held-out"):
         rows = [r for r in getattr(report, "answer", []) if r[1] == split]
