@@ -13,10 +13,11 @@ teacher-forced, on the training and on held-out trajectories, are measured and r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -48,6 +49,9 @@ class ColdStartConfig:
     # (crops around the true needle, so the colour fills most crop frames) before the teacher's
     # own; a random vision tower learns to see the needle there first (docs/demo.md).
     oracle_steps: int = 0
+    # Train the vision tower during the cold start even when the model config freezes it (as
+    # the paper's RL does): a random tiny tower must learn to see first; RL keeps it frozen.
+    train_vision: bool = False
     warmup_steps: int = 0  # linear warm-up, then cosine decay to `min_lr_ratio` * lr
     min_lr_ratio: float = 1.0  # 1.0: constant learning rate after the warm-up
     eval_every: int = 0  # measure answer tokens every N steps (0: only before and after)
@@ -207,6 +211,22 @@ def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0,
     return report
 
 
+@contextlib.contextmanager
+def _vision_trainable(model, on: bool) -> Iterator[None]:
+    """The vision tower trainable for the duration (when `on`), then its own flags again."""
+    from paravt.models.loading import vision_tower
+
+    params = list(vision_tower(model).parameters()) if on else []
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+
+
 def cold_start(
     module,
     samples: Sequence[Sample],
@@ -232,7 +252,8 @@ def cold_start(
         first = teacher_trajectories(agent, samples, replace(reading, strategy="oracle"))
     tok = agent.tokenizer
     tags = (tok.convert_tokens_to_ids("<answer>"), tok.convert_tokens_to_ids("</answer>"))
-    report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags, first)
+    with _vision_trainable(module.policy, cfg.train_vision):
+        report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags, first)
     module.cold_start_report = report
     module.cold_start_seconds = time.perf_counter() - t0
     if cfg.report_budgets and held_out:
