@@ -100,7 +100,10 @@ def distinct_question_batches(samples: Sequence[Sample]) -> list[list[int]]:
 
 
 def needle_teacher(
-    samples: Sequence[Sample], strategy: str = "oracle", plan: Mapping[str, str] | None = None
+    samples: Sequence[Sample],
+    strategy: str = "oracle",
+    plan: Mapping[str, str] | None = None,
+    calls_per_turn: int | None = None,
 ):
     """A responder that writes the scripted turns for whichever sample the context is about.
 
@@ -108,6 +111,8 @@ def needle_teacher(
     longest such question, so a question that is a prefix of another cannot steal its context).
     Samples sharing a question text are refused: split them with `distinct_question_batches`.
     `plan` (sample id -> strategy, see `teacher_plan`) overrides `strategy` per sample.
+    `calls_per_turn`: None issues every window in the first turn (parallel dispatch); 1 issues
+    them one per turn (sequential dispatch), the same crops over more rounds.
     """
     by_id = {s.id: s for s in samples}
     plan = dict(plan or {})
@@ -133,8 +138,10 @@ def needle_teacher(
         windows = search_windows(sample, plan.get(sample_id, strategy))
         if not windows:
             return f"{DIRECT_THOUGHT}</think>\n<answer>{sample.answer}</answer>"
-        if "<tool_response>" not in context:
-            calls = "\n".join(call_text(s, e) for s, e in windows)
+        answered = context.count("<tool_response>")
+        todo = windows[answered:] if calls_per_turn else windows * (not answered)
+        if todo:
+            calls = "\n".join(call_text(s, e) for s, e in todo[: calls_per_turn or len(todo)])
             return f"{TOOL_THOUGHT}</think>\n{calls}"
         return f"The crops show the answer.</think>\n<answer>{sample.answer}</answer>"
 

@@ -99,7 +99,9 @@ def teacher_trajectories(
     out: list[Trajectory | None] = [None] * len(samples)
     for batch in distinct_question_batches(samples):
         part = [samples[i] for i in batch]
-        engine = ScriptedEngine(agent.tokenizer, needle_teacher(part, cfg.strategy, plan))
+        per_turn = 1 if agent.cfg.sequential else None
+        respond = needle_teacher(part, cfg.strategy, plan, per_turn)
+        engine = ScriptedEngine(agent.tokenizer, respond)
         teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
         trajs = teacher.run(part, [budgets[i] for i in batch], 1, SamplingParams(greedy=True))
         for i, traj in zip(batch, trajs, strict=True):

@@ -106,3 +106,16 @@ def test_the_plan_decides_each_samples_first_turn():
     assert TOOL_THOUGHT.split()[0] != DIRECT_THOUGHT.split()[0]
     with pytest.raises(ValueError, match="unknown teacher strategy"):
         needle_teacher([a], "search", plan={"n0": "guess"})
+
+
+def test_a_sequential_teacher_issues_the_same_crops_one_per_turn():
+    s = _needle(0, (32.0, 64.0))
+    respond = needle_teacher([s], "search", calls_per_turn=1)
+    first = respond(s.question)
+    assert first.count("<tool_call>") == 1 and '"start_time": 32.0' in first
+    second = respond(s.question + "<tool_response>x</tool_response>")
+    assert second.count("<tool_call>") == 1 and '"start_time": 48.0' in second
+    done = respond(s.question + "<tool_response>x</tool_response>" * 2)
+    assert done.endswith("<answer>B</answer>") and "<tool_call>" not in done
+    parallel = needle_teacher([s], "search")(s.question)
+    assert parallel.count("<tool_call>") == 2
