@@ -116,12 +116,13 @@ def _before_after_lines(module, agent) -> list[str]:
         return []
     import time
 
-    from paravt.modules.report import before_after_table, budget_eval
+    from paravt.modules.report import before_after_table, budget_eval, gain_line
 
     t0 = time.perf_counter()
     after = budget_eval(module, agent, module.report_samples, module.report_budgets)
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
+    lines.append(gain_line(before, after))
     seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
     lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
     return lines

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paravt.modules.coldstart import ColdStartConfig, answer_mask, lr_factor
-from paravt.modules.report import BudgetResult, before_after_table, pooled
+from paravt.modules.report import BudgetResult, before_after_table, gain_line, pooled
 
 
 def test_answer_mask_selects_trained_tokens_between_the_answer_tags():
@@ -37,6 +37,10 @@ def test_before_after_table_pools_budgets_and_states_the_standard_error():
     assert len(lines) == 4  # header, K=4, K=8, all
     assert lines[-1].split()[0] == "all"
     assert "0.500 (0.050, n=100)" in lines[-1] and "0.800 (0.040, n=100)" in lines[-1]
+    # +30 points; se sqrt(0.05^2 + 0.04^2) = 0.064
+    assert gain_line(before, after) == (
+        "held-out accuracy, all budgets: 0.500 -> 0.800 (+30.0 points, se 6.4; n=100)"
+    )
 
 
 def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_dir, needle_samples):
