@@ -139,7 +139,8 @@ def needle_teacher(
         if not windows:
             return f"{DIRECT_THOUGHT}</think>\n<answer>{sample.answer}</answer>"
         answered = context.count("<tool_response>")
-        todo = windows[answered:] if calls_per_turn else windows * (not answered)
+        # parallel: every window in the first turn; sequential: the next window per turn
+        todo = windows[answered:] if calls_per_turn else ([] if answered else windows)
         if todo:
             calls = "\n".join(call_text(s, e) for s, e in todo[: calls_per_turn or len(todo)])
             return f"{TOOL_THOUGHT}</think>\n{calls}"
