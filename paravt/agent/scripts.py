@@ -2,20 +2,28 @@
 
 `needle_teacher` returns a responder for `paravt.rollout.scripted.ScriptedEngine`. In its first
 turn it thinks briefly and calls `crop_video` in parallel; after the tool responses it answers.
-Two search strategies: "oracle" crops around the ground-truth windows; "search" covers the
-question's hinted span with as many parallel crops as the crop cap requires (what a good policy
-should learn to do). It deliberately knows nothing of tokens or models: text in, text out.
+Strategies: "oracle" crops around the ground-truth windows; "search" covers the question's
+hinted span with as many parallel crops as the crop cap requires (what a good policy should learn
+to do); "unhinted" covers the rest of the video instead (a confused searcher); "direct" calls no
+tool and answers from the overview at once. The last two make an imperfect teacher: `teacher_plan`
+gives each sample one strategy, in exact proportions, so a cold start can teach reading the
+answer off crops while leaving the tool-use decision for RL. It deliberately knows nothing of
+tokens or models: text in, text out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from paravt.types import Sample
 
-STRATEGIES = ("oracle", "search")
+STRATEGIES = ("oracle", "search", "unhinted", "direct")
+# The first words differ, so the tool-use decision is the first token the policy writes.
+TOOL_THOUGHT = "The frames are too sparse; crop the candidate windows."
+DIRECT_THOUGHT = "Enough: the overview frames show the answer."
 
 
 def call_text(start: float, end: float) -> str:
@@ -29,12 +37,47 @@ def search_windows(
     """The windows the teacher crops for `sample`."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown teacher strategy {strategy!r}: choose one of {STRATEGIES}")
+    if strategy == "direct":
+        return []
     if strategy == "oracle" and sample.windows:
         return [(max(0.0, s - margin), e + margin) for s, e in sample.windows]
-    lo, hi = sample.extra.get("hint_window") or (0.0, float(sample.extra.get("duration", 64.0)))
+    duration = float(sample.extra.get("duration", 64.0))
+    lo, hi = sample.extra.get("hint_window") or (0.0, duration)
+    spans = [(lo, hi)]
+    if strategy == "unhinted":
+        spans = [(a, b) for a, b in ((0.0, lo), (hi, duration)) if b > a] or [(lo, hi)]
+    return [w for a, b in spans for w in _cover(a, b, max_span)]
+
+
+def _cover(lo: float, hi: float, max_span: float) -> list[tuple[float, float]]:
+    """[lo, hi] in the fewest equal windows of at most `max_span` seconds."""
     pieces = max(1, math.ceil((hi - lo) / max_span))
     step = (hi - lo) / pieces
     return [(lo + i * step, lo + (i + 1) * step) for i in range(pieces)]
+
+
+def teacher_plan(
+    sample_ids: Sequence[str], mix: Mapping[str, float], seed: int = 0
+) -> dict[str, str]:
+    """A strategy for every sample id, in the exact proportions of `mix` (strategy -> weight).
+
+    Samples are ranked by a hash of (seed, id), so the plan of one sample does not depend on
+    which others are planned with it, and the shares are exact up to rounding (largest
+    remainders): with mix {"search": 3, "direct": 1}, 8 samples get 6 searches and 2 directs.
+    """
+    bad = [k for k in mix if k not in STRATEGIES]
+    if bad or not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise ValueError(
+            f"teacher mix {dict(mix)!r}: give weights >= 0 (sum > 0) of strategies in {STRATEGIES}"
+        )
+    n, total = len(sample_ids), sum(mix.values())
+    quotas = {k: n * w / total for k, w in mix.items()}
+    counts = {k: int(q) for k, q in quotas.items()}
+    for k in sorted(quotas, key=lambda k: counts[k] - quotas[k])[: n - sum(counts.values())]:
+        counts[k] += 1
+    ranked = sorted(sample_ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    labels = [k for k in mix for _ in range(counts[k])]
+    return dict(zip(ranked, labels, strict=True))
 
 
 def distinct_question_batches(samples: Sequence[Sample]) -> list[list[int]]:
@@ -56,14 +99,26 @@ def distinct_question_batches(samples: Sequence[Sample]) -> list[list[int]]:
     return batches
 
 
-def needle_teacher(samples: Sequence[Sample], strategy: str = "oracle"):
+def needle_teacher(
+    samples: Sequence[Sample],
+    strategy: str = "oracle",
+    plan: Mapping[str, str] | None = None,
+    calls_per_turn: int | None = None,
+):
     """A responder that writes the scripted turns for whichever sample the context is about.
 
     Samples are keyed by id; a context is matched to the sample whose question it contains (the
     longest such question, so a question that is a prefix of another cannot steal its context).
     Samples sharing a question text are refused: split them with `distinct_question_batches`.
+    `plan` (sample id -> strategy, see `teacher_plan`) overrides `strategy` per sample.
+    `calls_per_turn`: None issues every window in the first turn (parallel dispatch); 1 issues
+    them one per turn (sequential dispatch), the same crops over more rounds.
     """
     by_id = {s.id: s for s in samples}
+    plan = dict(plan or {})
+    for name in {strategy, *plan.values()}:
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown teacher strategy {name!r}: choose one of {STRATEGIES}")
     questions: dict[str, str] = {}
     for s in by_id.values():
         other = questions.setdefault(s.question, s.id)
@@ -80,9 +135,15 @@ def needle_teacher(samples: Sequence[Sample], strategy: str = "oracle"):
         if sample_id is None:
             return "I cannot tell.</think>\n<answer>A</answer>"
         sample = by_id[sample_id]
-        if "<tool_response>" not in context:
-            calls = "\n".join(call_text(s, e) for s, e in search_windows(sample, strategy))
-            return f"The frames are too sparse; crop the candidate windows.</think>\n{calls}"
+        windows = search_windows(sample, plan.get(sample_id, strategy))
+        if not windows:
+            return f"{DIRECT_THOUGHT}</think>\n<answer>{sample.answer}</answer>"
+        answered = context.count("<tool_response>")
+        # parallel: every window in the first turn; sequential: the next window per turn
+        todo = windows[answered:] if calls_per_turn else ([] if answered else windows)
+        if todo:
+            calls = "\n".join(call_text(s, e) for s, e in todo[: calls_per_turn or len(todo)])
+            return f"{TOOL_THOUGHT}</think>\n{calls}"
         return f"The crops show the answer.</think>\n<answer>{sample.answer}</answer>"
 
     return respond

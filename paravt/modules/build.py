@@ -112,6 +112,7 @@ def _cold_start_lines(module) -> list[str]:
     if not losses:
         return []
     lines = [f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"]
+    lines += getattr(module, "cold_start_notes", [])
     report = getattr(module, "cold_start_report", None)
     for split in ("train", "held-out"):
         rows = [r for r in getattr(report, "answer", []) if r[1] == split]
@@ -134,12 +135,13 @@ def _before_after_lines(module, agent) -> list[str]:
         return []
     import time
 
-    from paravt.modules.report import before_after_table, budget_eval
+    from paravt.modules.report import before_after_table, budget_eval, gain_line
 
     t0 = time.perf_counter()
     after = budget_eval(module, agent, module.report_samples, module.report_budgets)
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
+    lines.append(gain_line(before, after))
     seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
     lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
     return lines

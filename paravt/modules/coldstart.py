@@ -13,16 +13,17 @@ teacher-forced, on the training and on held-out trajectories, are measured and r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from paravt.agent.loop import AgentLoop
-from paravt.agent.scripts import distinct_question_batches, needle_teacher
+from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.sft import sft_loss
 from paravt.progress import track
@@ -41,6 +42,18 @@ class ColdStartConfig:
     batch_size: int = 8
     strategy: str = "search"  # "search" (crop the hinted span) | "oracle" (the true windows)
     budgets: tuple[int, ...] = (4, 8)
+    # An imperfect teacher: per frame budget K, the shares of the teacher's strategies
+    # (paravt.agent.scripts.STRATEGIES), e.g. {8: {search: 1, direct: 3}}; a K not named uses
+    # `strategy` alone. Held-out answer tokens are always measured on `strategy` trajectories.
+    teacher_mix: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    seed: int = 0  # which samples get which strategy of the mix
+    # A reading curriculum: the first `oracle_steps` of `steps` train on "oracle" trajectories
+    # (crops around the true needle, so the colour fills most crop frames) before the teacher's
+    # own; a random vision tower learns to see the needle there first (docs/demo.md).
+    oracle_steps: int = 0
+    # Train the vision tower during the cold start even when the model config freezes it (as
+    # the paper's RL does): a random tiny tower must learn to see first; RL keeps it frozen.
+    train_vision: bool = False
     warmup_steps: int = 0  # linear warm-up, then cosine decay to `min_lr_ratio` * lr
     min_lr_ratio: float = 1.0  # 1.0: constant learning rate after the warm-up
     eval_every: int = 0  # measure answer tokens every N steps (0: only before and after)
@@ -49,6 +62,9 @@ class ColdStartConfig:
     # of the run's table; the summary measures "after" on the same samples). () to skip.
     report_budgets: tuple[int, ...] = ()
     report_limit: int = 64
+    # Extra weight of the answer tokens' mean NLL: the answer is ~1 of ~135 trained tokens, so
+    # with the token-mean loss alone the fixed think text and JSON drown its gradient.
+    answer_weight: float = 0.0
 
 
 @dataclass
@@ -63,14 +79,28 @@ class ColdStartReport:
         return rows[-1] if rows else None
 
 
+def mixed_plan(
+    samples: Sequence[Sample], budgets: Sequence[int], cfg: ColdStartConfig
+) -> dict[str, str]:
+    """Sample id -> teacher strategy: `cfg.teacher_mix[K]`'s shares among the samples at K."""
+    plan: dict[str, str] = {}
+    mix = {int(k): dict(v) for k, v in cfg.teacher_mix.items()}
+    for k in sorted(set(budgets)):
+        ids = [s.id for s, b in zip(samples, budgets, strict=True) if b == k]
+        plan |= teacher_plan(ids, mix.get(k) or {cfg.strategy: 1.0}, cfg.seed)
+    return plan
+
+
 def teacher_trajectories(
     agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig
 ) -> list[Trajectory]:
-    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`.
+    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`,
+    strategies drawn from `cfg.teacher_mix` per budget.
 
     Traced in batches of `TRACE_BATCH` prompts, with counts and an ETA (`paravt.progress.track`).
     """
     budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    plan = mixed_plan(samples, budgets, cfg)
     out: list[Trajectory | None] = [None] * len(samples)
     batches = [
         group[i : i + TRACE_BATCH]
@@ -80,12 +110,33 @@ def teacher_trajectories(
     desc = f"cold start: teacher tracing of {len(samples)} prompts, batch"
     for batch in track(batches, desc=desc):
         part = [samples[i] for i in batch]
-        engine = ScriptedEngine(agent.tokenizer, needle_teacher(part, cfg.strategy))
+        per_turn = 1 if agent.cfg.sequential else None
+        respond = needle_teacher(part, cfg.strategy, plan, per_turn)
+        engine = ScriptedEngine(agent.tokenizer, respond)
         teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
         trajs = teacher.run(part, [budgets[i] for i in batch], 1, SamplingParams(greedy=True))
         for i, traj in zip(batch, trajs, strict=True):
             out[i] = traj
     return [t for t in out if t is not None]
+
+
+def teacher_summary(
+    samples: Sequence[Sample], cfg: ColdStartConfig, trajs: Sequence[Trajectory]
+) -> str:
+    """One line: the teacher's strategy shares per frame budget and its crops per trajectory."""
+    budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    plan = mixed_plan(samples, budgets, cfg)
+    parts = []
+    for k in sorted(set(budgets)):
+        names = [plan[s.id] for s, b in zip(samples, budgets, strict=True) if b == k]
+        shares = ", ".join(f"{n} {names.count(n) / len(names):.0%}" for n in sorted(set(names)))
+        parts.append(f"K={k}: {shares}")
+    calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
+    lead = f"{cfg.oracle_steps} oracle-crop steps, then " if cfg.oracle_steps else ""
+    return (
+        f"cold start teacher ({len(trajs)} trajectories, {calls:.2f} crops each; {lead}"
+        f"{'; '.join(parts)})"
+    )
 
 
 def answer_mask(
@@ -139,8 +190,9 @@ def _measure(report, step, model, splits, ids, tags) -> None:
             log.info("cold start step %d: %s answer loss %.3f acc %.3f", step, name, loss, acc)
 
 
-def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0, 0)):
-    """AdamW on the teacher's trajectories (cycled in order) with answer-token measurements."""
+def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0, 0), first=()):
+    """AdamW on the teacher's trajectories (cycled in order) with answer-token measurements;
+    the first `cfg.oracle_steps` steps cycle over `first` instead (when given)."""
     report = ColdStartReport()
     splits = {"train": list(trajs[: cfg.eval_limit]), "held-out": list(held_out)[: cfg.eval_limit]}
     _measure(report, 0, model, splits, ids, tags)
@@ -150,10 +202,15 @@ def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0,
     for step in range(cfg.steps):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg)
-        start = (step * cfg.batch_size) % len(trajs)
-        batch = [trajs[(start + i) % len(trajs)] for i in range(cfg.batch_size)]
+        pool = first if first and step < cfg.oracle_steps else trajs
+        start = (step * cfg.batch_size) % len(pool)
+        batch = [pool[(start + i) % len(pool)] for i in range(cfg.batch_size)]
         logp, padded, _ = trajectory_logprobs(model, batch, ids)
-        loss = sft_loss(logp, padded.loss_mask.to(logp.device))
+        mask = padded.loss_mask.to(logp.device)
+        loss = sft_loss(logp, mask)
+        if cfg.answer_weight:
+            answer = answer_mask(padded.input_ids.to(logp.device), mask, *tags)
+            loss = loss + cfg.answer_weight * sft_loss(logp, answer)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -165,6 +222,22 @@ def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0,
     _measure(report, cfg.steps, model, splits, ids, tags)
     model.eval()
     return report
+
+
+@contextlib.contextmanager
+def _vision_trainable(model, on: bool) -> Iterator[None]:
+    """The vision tower trainable for the duration (when `on`), then its own flags again."""
+    from paravt.models.loading import vision_tower
+
+    params = list(vision_tower(model).parameters()) if on else []
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
 
 
 def cold_start(
@@ -184,10 +257,16 @@ def cold_start(
     trajs = teacher_trajectories(agent, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
-    eval_trajs = teacher_trajectories(agent, list(held_out)[: cfg.eval_limit], cfg)
+    module.cold_start_notes = [teacher_summary(samples, cfg, trajs)]
+    reading = replace(cfg, teacher_mix={})  # held-out: how well the crops are read
+    eval_trajs = teacher_trajectories(agent, list(held_out)[: cfg.eval_limit], reading)
+    first = []
+    if cfg.oracle_steps:
+        first = teacher_trajectories(agent, samples, replace(reading, strategy="oracle"))
     tok = agent.tokenizer
     tags = (tok.convert_tokens_to_ids("<answer>"), tok.convert_tokens_to_ids("</answer>"))
-    report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags)
+    with _vision_trainable(module.policy, cfg.train_vision):
+        report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags, first)
     module.cold_start_report = report
     module.cold_start_seconds = time.perf_counter() - t0
     if cfg.report_budgets and held_out:

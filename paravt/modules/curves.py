@@ -12,13 +12,31 @@ from pathlib import Path
 
 Series = Sequence[tuple[float, float]]
 
-# (file name, title, TensorBoard tags drawn in it)
+# (file name, title, TensorBoard tags drawn in it; a tag ending in "*" stands for every logged
+# tag with that prefix, e.g. one gate-ratio series per frame budget)
 CURVES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward.png", "training reward (mean)", ("reward/mean",)),
     ("f_tau.png", "f_tau: format compliance", ("f_tau", "val/needle/f_tau")),
     ("kappa.png", "kappa: tool calls per rollout", ("kappa", "val/needle/kappa")),
     ("heldout_accuracy.png", "held-out accuracy (greedy)", ("val/needle/accuracy",)),
+    (
+        "gate_ratio.png",
+        "gate ratio per frame budget (tool users out-score the rest)",
+        ("gate_ratio/*",),
+    ),
 )
+
+
+def _expand(tags: tuple[str, ...], logged: list[str]) -> list[str]:
+    out: list[str] = []
+    for tag in tags:
+        if tag.endswith("*"):
+            out += sorted(t for t in logged if t.startswith(tag[:-1]))
+        else:
+            out.append(tag)
+    return out
+
+
 _COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189))
 
 
@@ -90,7 +108,45 @@ def write_curves(log_dir: str | Path, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for filename, title, tags in CURVES:
-        chart = line_chart({tag: scalars.get(tag, []) for tag in tags}, title)
+        names = _expand(tags, list(scalars))
+        chart = line_chart({tag: scalars.get(tag, []) for tag in names}, title)
         chart.save(out / filename)
         written.append(out / filename)
     return written
+
+
+def compare_runs(
+    runs: Mapping[str, str | Path], tags: Sequence[str], out_dir: str | Path, prefix: str = ""
+) -> list[Path]:
+    """One PNG per tag with one series per run (name -> TensorBoard folder), e.g. PARA-GRPO vs
+    vanilla GRPO from the same cold start; the paths written."""
+    scalars = {name: read_scalars(tb) for name, tb in runs.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for tag in tags:
+        chart = line_chart({name: s.get(tag, []) for name, s in scalars.items()}, tag)
+        path = out / f"{prefix}{tag.replace('/', '_')}.png"
+        chart.save(path)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m paravt.modules.curves OUT_DIR PREFIX NAME=TB_DIR ... -- TAG ...`"""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args or len(args) < 5:
+        print(main.__doc__)
+        return 2
+    split = args.index("--")
+    out, prefix, pairs, tags = args[0], args[1], args[2:split], args[split + 1 :]
+    runs = dict(pair.split("=", 1) for pair in pairs)
+    for path in compare_runs(runs, tags, out, prefix):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

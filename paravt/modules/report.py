@@ -91,3 +91,15 @@ def before_after_table(
                 text += f" | {acc:>24} {r.f_tau:5.3f} {r.kappa:5.2f}"
         lines.append(text)
     return lines
+
+
+def gain_line(before: Sequence[BudgetResult], after: Sequence[BudgetResult]) -> str:
+    """The pooled held-out accuracy change in points, with the standard error of the change
+    (the two measurements' errors combined as if independent, which overstates it for the
+    same samples)."""
+    b, a = pooled(before), pooled(after)
+    se = math.sqrt(b.stderr**2 + a.stderr**2)
+    return (
+        f"held-out accuracy, all budgets: {b.accuracy:.3f} -> {a.accuracy:.3f} "
+        f"({100 * (a.accuracy - b.accuracy):+.1f} points, se {100 * se:.1f}; n={a.samples})"
+    )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.agent.scripts import distinct_question_batches, needle_teacher
+from paravt.agent.scripts import (
+    DIRECT_THOUGHT,
+    TOOL_THOUGHT,
+    distinct_question_batches,
+    needle_teacher,
+    search_windows,
+    teacher_plan,
+)
 from paravt.types import Sample
 
 
@@ -59,3 +66,56 @@ def test_generated_needle_data_teacher_targets_match_ground_truth(tmp_path):
         for i in batch:
             got = respond(samples[i].question + "<tool_response>")
             assert got.endswith(f"<answer>{samples[i].answer}</answer>"), samples[i].id
+
+
+def _needle(i: int, hint: tuple[float, float]) -> Sample:
+    extra = {"hint_window": list(hint), "duration": 64.0}
+    return Sample(f"n{i}", f"v{i}.mp4", f"Q{i} hint {hint}?", "B", extra=extra)
+
+
+def test_teacher_plan_gives_exact_shares_and_each_sample_a_stable_strategy():
+    ids = [f"n{i}" for i in range(10)]
+    plan = teacher_plan(ids, {"search": 3, "direct": 1})  # 10 * 3/4 = 7.5 -> 8, 2.5 -> 2
+    shares = [list(plan.values()).count(k) for k in ("search", "direct")]
+    assert sorted(plan) == sorted(ids) and sum(shares) == 10 and shares in ([8, 2], [7, 3])
+    assert teacher_plan(ids[::-1], {"search": 3, "direct": 1}) == plan  # order-free
+    assert teacher_plan(ids, {"search": 1}) == dict.fromkeys(ids, "search")
+    other_seed = teacher_plan(ids, {"search": 1, "direct": 1}, seed=1)
+    assert other_seed != teacher_plan(ids, {"search": 1, "direct": 1}, seed=0)
+    with pytest.raises(ValueError, match="strategies in"):
+        teacher_plan(ids, {"guess": 1.0})
+
+
+def test_unhinted_crops_the_rest_of_the_video_and_direct_crops_nothing():
+    s = _needle(0, (32.0, 64.0))
+    assert search_windows(s, "search") == [(32.0, 48.0), (48.0, 64.0)]
+    assert search_windows(s, "unhinted") == [(0.0, 16.0), (16.0, 32.0)]
+    assert search_windows(s, "direct") == []
+
+
+def test_the_plan_decides_each_samples_first_turn():
+    a, b = _needle(0, (0.0, 32.0)), _needle(1, (32.0, 64.0))
+    respond = needle_teacher([a, b], "search", plan={"n0": "direct"})
+    direct = respond(a.question)
+    assert direct.startswith(DIRECT_THOUGHT) and direct.endswith("<answer>B</answer>")
+    assert "<tool_call>" not in direct
+    searched = respond(b.question)
+    assert searched.startswith(TOOL_THOUGHT) and searched.count("<tool_call>") == 2
+    assert '"start_time": 32.0' in searched and "<answer>" not in searched
+    # The decision is the first token: the two thoughts differ in their first word.
+    assert TOOL_THOUGHT.split()[0] != DIRECT_THOUGHT.split()[0]
+    with pytest.raises(ValueError, match="unknown teacher strategy"):
+        needle_teacher([a], "search", plan={"n0": "guess"})
+
+
+def test_a_sequential_teacher_issues_the_same_crops_one_per_turn():
+    s = _needle(0, (32.0, 64.0))
+    respond = needle_teacher([s], "search", calls_per_turn=1)
+    first = respond(s.question)
+    assert first.count("<tool_call>") == 1 and '"start_time": 32.0' in first
+    second = respond(s.question + "<tool_response>x</tool_response>")
+    assert second.count("<tool_call>") == 1 and '"start_time": 48.0' in second
+    done = respond(s.question + "<tool_response>x</tool_response>" * 2)
+    assert done.endswith("<answer>B</answer>") and "<tool_call>" not in done
+    parallel = needle_teacher([s], "search")(s.question)
+    assert parallel.count("<tool_call>") == 2

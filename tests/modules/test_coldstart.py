@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paravt.modules.coldstart import ColdStartConfig, answer_mask, lr_factor
-from paravt.modules.report import BudgetResult, before_after_table, pooled
+from paravt.modules.report import BudgetResult, before_after_table, gain_line, pooled
 
 
 def test_answer_mask_selects_trained_tokens_between_the_answer_tags():
@@ -37,3 +37,32 @@ def test_before_after_table_pools_budgets_and_states_the_standard_error():
     assert len(lines) == 4  # header, K=4, K=8, all
     assert lines[-1].split()[0] == "all"
     assert "0.500 (0.050, n=100)" in lines[-1] and "0.800 (0.040, n=100)" in lines[-1]
+    # +30 points; se sqrt(0.05^2 + 0.04^2) = 0.064
+    assert gain_line(before, after) == (
+        "held-out accuracy, all budgets: 0.500 -> 0.800 (+30.0 points, se 6.4; n=100)"
+    )
+
+
+def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_dir, needle_samples):
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.models.loading import PolicySpec, load_policy, vision_tower
+    from paravt.modules.coldstart import _vision_trainable, fit, teacher_trajectories
+    from paravt.modules.forward import TokenIds
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.video.reader import VideoReader
+
+    model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True))
+    engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=1))
+    cfg = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), lr=1e-2)
+    trajs = teacher_trajectories(agent, needle_samples[:2], cfg)
+    tower = vision_tower(model)
+    before = [p.detach().clone() for p in tower.parameters()]
+    with _vision_trainable(model, True):
+        assert all(p.requires_grad for p in tower.parameters())
+        fit(model, trajs, TokenIds.from_tokenizer(processor.tokenizer), cfg)
+    assert not any(p.requires_grad for p in tower.parameters())  # frozen again for RL
+    assert any(not torch.equal(a, p) for a, p in zip(before, tower.parameters(), strict=True))
+    with _vision_trainable(model, False):  # off: the flags are left alone
+        assert not any(p.requires_grad for p in tower.parameters())

@@ -15,6 +15,8 @@ def test_curves_are_drawn_from_logged_scalars(tmp_path):
     for step in range(5):
         writer.add_scalar("reward/mean", 0.1 * step, step)
         writer.add_scalar("f_tau", 0.9, step)
+        writer.add_scalar("gate_ratio/K4", 1.0, step)
+        writer.add_scalar("gate_ratio/K8", 0.5, step)
     writer.add_scalar("val/needle/accuracy", 0.3, 0)
     writer.add_scalar("val/needle/accuracy", 0.6, 4)
     writer.close()
@@ -26,8 +28,30 @@ def test_curves_are_drawn_from_logged_scalars(tmp_path):
         "f_tau.png",
         "kappa.png",
         "heldout_accuracy.png",
+        "gate_ratio.png",
     ]
     reward = Image.open(tmp_path / "curves" / "reward.png").convert("RGB")
     assert (31, 119, 180) in {c for _, c in reward.getcolors(1 << 16)}  # the series was drawn
     kappa = Image.open(tmp_path / "curves" / "kappa.png").convert("RGB")
     assert (31, 119, 180) not in {c for _, c in kappa.getcolors(1 << 16)}  # nothing logged
+    gate = Image.open(tmp_path / "curves" / "gate_ratio.png").convert("RGB")
+    colours = {c for _, c in gate.getcolors(1 << 16)}
+    assert {(31, 119, 180), (214, 39, 40)} <= colours  # one series per budget
+
+
+def test_compare_runs_draws_one_series_per_run(tmp_path):
+    from PIL import Image
+    from torch.utils.tensorboard import SummaryWriter
+
+    from paravt.modules.curves import compare_runs
+
+    for name, value in (("a", 2.0), ("b", 0.5)):
+        writer = SummaryWriter(str(tmp_path / name / "tb"))
+        for step in range(3):
+            writer.add_scalar("kappa", value, step)
+        writer.close()
+    runs = {"a": tmp_path / "a" / "tb", "b": tmp_path / "b" / "tb"}
+    (path,) = compare_runs(runs, ["kappa"], tmp_path / "out", prefix="x_")
+    assert path.name == "x_kappa.png"
+    colours = {c for _, c in Image.open(path).convert("RGB").getcolors(1 << 16)}
+    assert {(31, 119, 180), (214, 39, 40)} <= colours
