@@ -38,7 +38,8 @@ def progress_line(
     parts = [head]
     if fresh > 0:
         rate = elapsed / fresh
-        parts.append(f"{rate:.1f} s/it")
+        # tqdm's convention: items per second once an item takes under a tenth of a second.
+        parts.append(f"{rate:.1f} s/it" if rate >= 0.1 else f"{1 / max(rate, 1e-9):.1f} it/s")
         if total:
             parts.append(f"ETA {format_duration(rate * max(0, total - done))}")
     parts += [f"{key} {float(value):.3f}" for key, value in metrics.items()]
@@ -50,10 +51,12 @@ def is_tty(stream: Any) -> bool:
 
 
 def track(
-    items: Iterable[T], total: int | None = None, desc: str = "", every: int = 1
+    items: Iterable[T], total: int | None = None, desc: str = "", every: int | None = None
 ) -> Iterator[T]:
-    """Yield `items`, showing a tqdm bar on a terminal or a log line every `every` items."""
+    """Yield `items`, showing a tqdm bar on a terminal or a log line every `every` items
+    (default: about 16 lines over a known total, else one per item)."""
     total = total if total is not None else (len(items) if isinstance(items, Sequence) else None)
+    every = every or max(1, (total or 0) // 16)
     if is_tty(sys.stderr):
         from tqdm.auto import tqdm
 

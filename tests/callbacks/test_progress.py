@@ -15,6 +15,9 @@ def test_progress_line_after_a_resume_counts_global_steps_and_this_runs_speed():
     # Resumed at step 6 of 20, 2 fresh steps in 5 s: 2.5 s/it, 12 steps left -> 30 s.
     line = progress_line("RL step", 8, 20, 5.0, 2, {"reward": 0.4125})
     assert line == "RL step 8/20 | 2.5 s/it | ETA 0:30 | reward 0.412"
+    # Fast items read as items per second, never as "0.0 s/it".
+    fast = progress_line("needle train videos", 32, 256, 1.0, 32, {})
+    assert fast == "needle train videos 32/256 | 32.0 it/s | ETA 0:07"
     assert progress_line("gen", 0, None, 0.0, 0, {}) == "gen 0"
     assert format_duration(3723) == "1:02:03" and format_duration(59.6) == "1:00"
 
