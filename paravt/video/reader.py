@@ -113,6 +113,7 @@ class VideoReader:
             if batch is None:
                 with video.lock:
                     batch = _to_numpy(video.reader.get_batch(unique))  # [U, H, W, 3]
+                    _stop_read_ahead(video.reader)
         except Exception as err:  # decord raises DECORDError / RuntimeError on damaged data
             self._forget(path)
             raise VideoError(
@@ -188,6 +189,7 @@ def _open_video(path: str, num_threads: int) -> _Open:
         fps = float(reader.get_avg_fps())
         # Decoding frame 0 proves the stream decodes and gives the size decord does not expose.
         first = _to_numpy(reader[0]) if num_frames > 0 else None
+        _stop_read_ahead(reader)
     except Exception as err:
         raise VideoError(_open_failure(path, err)) from err
     if first is None:
@@ -197,6 +199,16 @@ def _open_video(path: str, num_threads: int) -> _Open:
     height, width = int(first.shape[0]), int(first.shape[1])
     info = VideoInfo(path=path, num_frames=num_frames, fps=fps, width=width, height=height)
     return _Open(reader=reader, info=info, lock=threading.Lock())
+
+
+def _stop_read_ahead(reader: decord.VideoReader) -> None:
+    """Park decord's decoder at frame 0: after any read it decodes ahead to the end of the file.
+
+    That read-ahead keeps a core busy for as long as decoding the rest of the video takes (5 s
+    for a 10-minute 640x360 clip, every time), for every open reader in the cache, stealing the
+    cores from the model and from the next crops. Seeking to frame 0 stops it and costs < 1 ms.
+    """
+    reader.seek(0)
 
 
 def _check_file(path: str) -> None:
@@ -281,10 +293,12 @@ def _seek_points(index: _PtsIndex, unique: list[int]) -> dict[int, int]:
 def _decode_parallel(
     path: str, index: _PtsIndex, unique: list[int], height: int, width: int, threads: int
 ) -> np.ndarray:
-    """Split the sorted frames at seek points into one part per core, decoded concurrently.
+    """Share the sorted frames' GOP runs among the cores, decoded concurrently.
 
-    Each part is a run of GOPs with its own demuxer and single-threaded decoder: cheaper than
-    FFmpeg's frame threads, whose pipeline is refilled after every seek.
+    A run starts at a seek point and costs about the frames from its keyframe to its last wanted
+    frame; runs go longest first to the least loaded core, so one long crop window does not
+    leave the other cores idle. Each core has its own demuxer and single-threaded decoder:
+    cheaper than FFmpeg's frame threads, whose pipeline is refilled after every seek.
     """
     cores = threads or os.cpu_count() or 1
     seeks = _seek_points(index, unique)
@@ -292,11 +306,23 @@ def _decode_parallel(
     parts = min(cores, len(starts))
     if parts <= 1:
         return _decode_sorted(path, index, unique, height, width, threads)
-    bounds = [starts[len(starts) * i // parts] for i in range(parts)] + [len(unique)]
-    chunks = [unique[bounds[i] : bounds[i + 1]] for i in range(parts)]
-    with ThreadPoolExecutor(parts, "paravt-decode") as pool:
-        decoded = list(pool.map(lambda c: _decode_sorted(path, index, c, height, width, 1), chunks))
-    return np.concatenate(decoded)  # [U, H, W, 3], parts in order
+    runs = list(zip(starts, [*starts[1:], len(unique)], strict=True))
+    cost = {run: unique[run[1] - 1] - seeks[unique[run[0]]] + 1 for run in runs}
+    loads, rows = [0] * parts, [[] for _ in range(parts)]
+    for run in sorted(runs, key=lambda r: -cost[r]):
+        least = loads.index(min(loads))
+        loads[least] += cost[run]
+        rows[least].extend(range(*run))
+    rows = [sorted(part) for part in rows if part]
+
+    def decode(part: list[int]) -> np.ndarray:
+        return _decode_sorted(path, index, [unique[r] for r in part], height, width, 1)
+
+    out = np.empty((len(unique), height, width, 3), dtype=np.uint8)  # [U, H, W, 3]
+    with ThreadPoolExecutor(len(rows), "paravt-decode") as pool:
+        for part, decoded in zip(rows, pool.map(decode, rows), strict=True):
+            out[part] = decoded
+    return out
 
 
 def _decode_sorted(

@@ -190,6 +190,37 @@ def test_scaling_in_the_decoder_matches_decode_then_pil_resize(tmp_path):
     assert shifted > 2 * diff.mean()  # the tolerance is tighter than a neighbouring frame
 
 
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory) -> Path:
+    """160 s of 320x180 at 25 fps (4,000 frames): decoding all of it takes a noticeable time."""
+    path = tmp_path_factory.mktemp("long") / "long.mp4"
+    ys, xs = np.mgrid[0:180, 0:320]
+    base = np.stack([xs % 256, ys % 256, (xs + ys) % 256], -1).astype(np.uint8)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(25))
+        stream.width, stream.height, stream.pix_fmt = 320, 180, "yuv420p"
+        stream.options = {"preset": "ultrafast", "g": "250", "threads": "1"}
+        for i in range(4000):
+            frame = av.VideoFrame.from_ndarray(np.roll(base, i, axis=1), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "decord"])
+def test_an_open_reader_leaves_the_cores_idle(long_video, fast):
+    # decord decodes ahead to the end of the file after every read, on a thread of its own; with
+    # readers cached that stole a core per video from the model and the next crops
+    with VideoReader(fast_decode=fast) as reader:
+        frames = reader.read(str(long_video), [10, 1000], max_pixels=4096, factor=16)
+        assert frames.indices == (10, 1000)
+        start = time.process_time()
+        time.sleep(0.4)
+        busy = time.process_time() - start
+    assert busy < 0.03, f"{busy:.3f} s of CPU used by an idle open reader"
+
+
 def test_negative_decode_threads_are_rejected():
     with pytest.raises(ValueError, match="num_threads must be >= 0"):
         VideoReader(num_threads=-1)
