@@ -3,19 +3,26 @@
 Runs the demo recipe (tiny local Qwen3-VL, synthetic needle videos, transformers engine, demo
 sizes: 2 prompts x 4 rollouts, 2 tool rounds, 160 new tokens per turn, a checkpoint every step)
 without its cold start for `--steps` steps, reads this process's RSS from /proc after every step
-and prints the RSS at the end of warm-up, at the end, and the growth between them. A leak (a list
+and prints the median RSS of the 20 steps after warm-up and of the last 20, and the growth between
+them. A leak (a list
 of rollouts kept per step, a growing cache) shows as growth that keeps rising with the number of
 steps; the goal is < 5% after warm-up.
 
     python benchmarks/memory_rss.py [--steps 200] [--warmup 20] [--run-dir /tmp/rss]
+    make venv-vllm && OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+        VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+        .venv-vllm/bin/python benchmarks/memory_rss.py --engine vllm
 
-Linux only (/proc/self/statm). The vLLM engine is not measured here (GPU / its own venv).
+With `--engine vllm` the in-process vLLM engine (CPU build, `.venv-vllm`) generates the rollouts
+and is synced in place after every update; its KV cache is allocated once, so RSS must stay flat
+there too. Linux only (/proc/self/statm).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -44,11 +51,19 @@ class RSSRecorder(pl.Callback):
         self.samples.append((trainer.global_step, rss_mib()))
 
 
-def growth(samples: list[tuple[int, float]], warmup: int) -> tuple[float, float, float]:
-    """(RSS after warm-up, RSS at the end, growth in %) of the recorded samples."""
-    if len(samples) <= warmup:
-        raise ValueError(f"need more than --warmup={warmup} steps, recorded {len(samples)}")
-    start, end = samples[warmup - 1][1] if warmup else samples[0][1], samples[-1][1]
+def growth(
+    samples: list[tuple[int, float]], warmup: int, window: int = 20
+) -> tuple[float, float, float]:
+    """(median RSS of the `window` steps after warm-up, of the last `window` steps, growth in %).
+
+    RSS swings by ~10% from step to step (allocator pages taken and given back with rollout
+    lengths), so single steps would measure the swing; window medians measure the trend.
+    """
+    after = samples[warmup:]
+    if len(after) < 2 * window:
+        raise ValueError(f"need --warmup={warmup} + 2 x {window} steps, recorded {len(samples)}")
+    start = statistics.median(r for _, r in after[:window])
+    end = statistics.median(r for _, r in after[-window:])
     return start, end, 100.0 * (end - start) / start
 
 
@@ -76,9 +91,13 @@ def main() -> None:
         help="shorter rollouts (1 tool round, 32 new tokens per turn) on 32 needle videos "
         "generated in the run folder: the same step structure at ~1/5 of the time per step",
     )
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     args = parser.parse_args()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="paravt-rss-"))
     overrides = small_overrides(run_dir) if args.small else []
+    if args.engine == "vllm":
+        # the demo's 4,096-token trajectories plus one turn of new tokens
+        overrides += ["rollout/engine=vllm", "rollout.engine.max_model_len=4608"]
     overrides += [
         "experiment=demo",
         "cold_start=null",
@@ -96,13 +115,14 @@ def main() -> None:
     run.trainer.fit(run.module, datamodule=run.datamodule)
     start, end, pct = growth(recorder.samples, args.warmup)
     peak = max(r for _, r in recorder.samples)
-    every = max(1, len(recorder.samples) // 10)
+    every = max(1, len(recorder.samples) // 20)
     print("step  rss_mib")
     for step, rss in recorder.samples[::every]:
         print(f"{step:>4}  {rss:8.1f}")
     print(
-        f"steps {len(recorder.samples)}  warm-up {args.warmup}  RSS after warm-up {start:.1f} MiB"
-        f"  at end {end:.1f} MiB  peak {peak:.1f} MiB  growth {pct:+.2f}%  (goal < 5%)"
+        f"engine {args.engine}  steps {len(recorder.samples)}  warm-up {args.warmup}  "
+        f"RSS (median of 20 steps) after warm-up {start:.1f} MiB, at the end {end:.1f} MiB  "
+        f"peak {peak:.1f} MiB  growth {pct:+.2f}%  (goal < 5%)"
     )
 
 

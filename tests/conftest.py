@@ -77,7 +77,6 @@ def tool_caller(tiny_qwen3_dir, needle_samples):
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.agent.scripts import needle_teacher
-    from paravt.modules.forward import TokenIds
     from paravt.modules.sft import supervised_steps
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.scripted import ScriptedEngine
@@ -93,6 +92,6 @@ def tool_caller(tiny_qwen3_dir, needle_samples):
     import torch
 
     torch.manual_seed(torch_seed)
-    losses = supervised_steps(model, trajs, TokenIds.from_tokenizer(processor.tokenizer), 80)
+    losses = supervised_steps(model, processor, trajs, 80)
     assert losses[-1] < 0.1 * losses[0], losses[::10]
     return model, processor

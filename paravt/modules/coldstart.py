@@ -19,13 +19,13 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
 from paravt.agent.loop import AgentLoop
 from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
-from paravt.modules.forward import TokenIds, trajectory_logprobs
-from paravt.modules.sft import sft_loss
+from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
@@ -139,40 +139,6 @@ def teacher_summary(
     )
 
 
-def answer_mask(
-    input_ids: torch.Tensor,  # [N, T]
-    loss_mask: torch.Tensor,  # [N, T] bool
-    open_id: int,
-    close_id: int,
-) -> torch.Tensor:  # [N, T] bool
-    """Trained tokens strictly between an `<answer>` and the next `</answer>` token."""
-    opened = torch.cumsum((input_ids == open_id).long(), dim=1)
-    closed = torch.cumsum((input_ids == close_id).long(), dim=1)
-    inside = (opened > closed) & (input_ids != open_id)
-    return inside & loss_mask
-
-
-def answer_metrics(model, trajs: Sequence[Trajectory], ids: TokenIds, tags: tuple[int, int]):
-    """(mean NLL, argmax accuracy) of the answer tokens of `trajs`, teacher-forced."""
-    was_training = model.training
-    model.eval()
-    nll, hits, count = 0.0, 0, 0
-    with torch.no_grad():
-        for start in range(0, len(trajs), 8):
-            chunk = trajs[start : start + 8]
-            logp, padded, logits = trajectory_logprobs(model, chunk, ids, return_logits=True)
-            mask = answer_mask(padded.input_ids, padded.loss_mask, *tags).to(logp.device)
-            # logits[:, t - 1] predicts token t
-            target = padded.input_ids.to(logp.device)
-            pred = torch.zeros_like(target)
-            pred[:, 1:] = logits[:, :-1].argmax(-1)
-            nll += float(-logp[mask].sum())
-            hits += int((pred[mask] == target[mask]).sum())
-            count += int(mask.sum())
-    model.train(was_training)
-    return nll / max(count, 1), hits / max(count, 1)
-
-
 def lr_factor(step: int, cfg: ColdStartConfig) -> float:
     """Warm-up then cosine multiplier of `cfg.lr` for optimiser step `step` (0-based)."""
     if step < cfg.warmup_steps:
@@ -182,45 +148,61 @@ def lr_factor(step: int, cfg: ColdStartConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _measure(report, step, model, splits, ids, tags) -> None:
-    for name, trajs in splits.items():
-        if trajs:
-            loss, acc = answer_metrics(model, trajs, ids, tags)
-            report.answer.append((step, name, loss, acc))
-            log.info("cold start step %d: %s answer loss %.3f acc %.3f", step, name, loss, acc)
+def sft_stage(policy, processor, cfg: ColdStartConfig) -> SFTModule:
+    """The SFT module the cold start trains through: AdamW at `cfg.lr` on `lr_factor`'s
+    schedule, padded batches, `cfg.answer_weight` on the answer tokens."""
+    return SFTModule(
+        policy=policy,
+        processor=processor,
+        optimizer=partial(torch.optim.AdamW, lr=cfg.lr, weight_decay=0.0),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg)),
+        packing=False,
+        answer_weight=cfg.answer_weight,
+    )
 
 
-def fit(model, trajs, ids: TokenIds, cfg: ColdStartConfig, held_out=(), tags=(0, 0), first=()):
-    """AdamW on the teacher's trajectories (cycled in order) with answer-token measurements;
-    the first `cfg.oracle_steps` steps cycle over `first` instead (when given)."""
+def _measure(report: ColdStartReport, step: int, sft: SFTModule, splits) -> None:
+    for name, examples in splits.items():
+        measured = sft.answer_metrics(examples) if examples else None
+        if measured is not None:
+            report.answer.append((step, name, *measured))
+            log.info("cold start step %d: %s answer loss %.3f acc %.3f", step, name, *measured)
+
+
+def fit(
+    sft: SFTModule,
+    trajs: Sequence[Trajectory],
+    cfg: ColdStartConfig,
+    held_out: Sequence[Trajectory] = (),
+    first: Sequence[Trajectory] = (),
+) -> ColdStartReport:
+    """`SFTModule.fit_steps` on the teacher's trajectories (cycled in order), the first
+    `cfg.oracle_steps` steps on `first` (when given), with answer-token measurements of train and
+    `held_out` trajectories before, every `cfg.eval_every` steps and after."""
+    tok = sft.processor.tokenizer
+    examples, lead, held = (
+        [example_from_trajectory(t, tok) for t in part] for part in (trajs, first, held_out)
+    )
     report = ColdStartReport()
-    splits = {"train": list(trajs[: cfg.eval_limit]), "held-out": list(held_out)[: cfg.eval_limit]}
-    _measure(report, 0, model, splits, ids, tags)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    model.train()
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * lr_factor(step, cfg)
-        pool = first if first and step < cfg.oracle_steps else trajs
-        start = (step * cfg.batch_size) % len(pool)
-        batch = [pool[(start + i) % len(pool)] for i in range(cfg.batch_size)]
-        logp, padded, _ = trajectory_logprobs(model, batch, ids)
-        mask = padded.loss_mask.to(logp.device)
-        loss = sft_loss(logp, mask)
-        if cfg.answer_weight:
-            answer = answer_mask(padded.input_ids.to(logp.device), mask, *tags)
-            loss = loss + cfg.answer_weight * sft_loss(logp, answer)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        report.losses.append(loss.item())
-        done = step + 1
+    splits = {"train": examples[: cfg.eval_limit], "held-out": held[: cfg.eval_limit]}
+    _measure(report, 0, sft, splits)
+
+    def every(done: int) -> None:
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            _measure(report, done, model, splits, ids, tags)
-    _measure(report, cfg.steps, model, splits, ids, tags)
-    model.eval()
+            _measure(report, done, sft, splits)
+
+    records = sft.fit_steps(
+        examples,
+        cfg.steps,
+        cfg.batch_size,
+        lead=lead,
+        lead_steps=cfg.oracle_steps,
+        max_grad_norm=1.0,
+        on_step=every,
+        desc="cold start (SFT step)",
+    )
+    report.losses = [r["loss"] for r in records]
+    _measure(report, cfg.steps, sft, splits)
     return report
 
 
@@ -263,10 +245,9 @@ def cold_start(
     first = []
     if cfg.oracle_steps:
         first = teacher_trajectories(agent, samples, replace(reading, strategy="oracle"))
-    tok = agent.tokenizer
-    tags = (tok.convert_tokens_to_ids("<answer>"), tok.convert_tokens_to_ids("</answer>"))
+    sft = sft_stage(module.policy, module.processor, cfg)
     with _vision_trainable(module.policy, cfg.train_vision):
-        report = fit(module.policy, trajs, module.token_ids, cfg, eval_trajs, tags, first)
+        report = fit(sft, trajs, cfg, eval_trajs, first)
     module.cold_start_report = report
     module.cold_start_seconds = time.perf_counter() - t0
     if cfg.report_budgets and held_out:

@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import lightning.pytorch as pl
 import torch
@@ -26,7 +27,7 @@ from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_ba
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
 from paravt.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
-from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.modules.forward import TokenIds
 from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rollout.hf import visual_kwargs
@@ -44,28 +45,22 @@ def sft_loss(
 
 def supervised_steps(
     model,
+    processor,
     trajectories: Sequence[Trajectory],
-    ids: TokenIds,
     steps: int,
     lr: float = 3e-3,
     batch_size: int = 8,
 ) -> list[float]:
-    """Run `steps` AdamW steps over `trajectories` (cycled in order); return the losses."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    for step in track(range(steps), desc="cold start (SFT step)", every=10):
-        start = (step * batch_size) % len(trajectories)
-        batch = [trajectories[(start + i) % len(trajectories)] for i in range(batch_size)]
-        logp, padded, _ = trajectory_logprobs(model, batch, ids)
-        loss = sft_loss(logp, padded.loss_mask.to(logp.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+    """`steps` AdamW steps over `trajectories` (cycled in order) through `SFTModule.fit_steps`;
+    return the losses. A shorthand for tests and scripts: the same code path as every SFT."""
+    module = SFTModule(
+        policy=model,
+        processor=processor,
+        optimizer=partial(torch.optim.AdamW, lr=lr, weight_decay=0.0),
+        packing=False,
+    )
+    examples = [example_from_trajectory(t, processor.tokenizer) for t in trajectories]
+    return [r["loss"] for r in module.fit_steps(examples, steps, batch_size)]
 
 
 def cosine_with_warmup(
@@ -186,6 +181,7 @@ class SFTModule(pl.LightningModule):
         policy=None,
         processor=None,
         init_on_meta: bool = False,  # FSDP2: a meta skeleton until configure_model fills it
+        answer_weight: float = 0.0,
     ):
         super().__init__()
         self.spec = model
@@ -198,6 +194,9 @@ class SFTModule(pl.LightningModule):
         self.optimizer_factory = optimizer or torch.optim.AdamW
         self.scheduler_factory = scheduler
         self.packing, self.pack_tokens = packing, pack_tokens
+        # Extra weight of the answer tokens' mean NLL where the data marks answers: in a tool
+        # trajectory the answer is a few of ~100 trained tokens, drowned by fixed text and JSON.
+        self.answer_weight = answer_weight
         self.token_ids = TokenIds.from_tokenizer(processor.tokenizer)
         self.loss_history: list[float] = []
         self._tick: float | None = None
@@ -231,6 +230,31 @@ class SFTModule(pl.LightningModule):
         logp, logits = batch_logprobs(self.policy, batch, self.token_ids)
         return sft_stats(logp, logits, batch, len(examples)), batch
 
+    def objective(self, stats: SFTStats) -> torch.Tensor:
+        """What is minimised: the token-mean loss, plus `answer_weight` x the answer loss."""
+        if self.answer_weight and stats.answer_loss is not None:
+            return stats.loss + self.answer_weight * stats.answer_loss
+        return stats.loss
+
+    @torch.no_grad()
+    def answer_metrics(
+        self, examples: Sequence[SFTExample], chunk: int = 8
+    ) -> tuple[float, float] | None:
+        """(mean NLL, argmax accuracy) over every marked answer token of `examples`,
+        teacher-forced in eval mode; None when no example marks an answer."""
+        was_training = self.policy.training
+        self.policy.eval()
+        nll = hits = count = 0.0
+        for start in range(0, len(examples), chunk):
+            stats, batch = self.compute(examples[start : start + chunk])
+            n = float((batch.answer_mask & batch.loss_mask).sum())
+            if stats.answer_loss is not None:
+                nll += float(stats.answer_loss) * n
+                hits += float(stats.answer_accuracy) * n
+                count += n
+        self.policy.train(was_training)
+        return (nll / count, hits / count) if count else None
+
     def training_step(self, batch, batch_idx):
         if hasattr(self.trainer.datamodule, "on_batch_consumed"):
             self.trainer.datamodule.on_batch_consumed(batch)
@@ -245,6 +269,7 @@ class SFTModule(pl.LightningModule):
             self.log_dict(metrics, batch_size=1)
             return stats.loss * 0.0
         stats, mb = self.compute(batch.examples)
+        loss = self.objective(stats)
         n = len(batch.examples)
         scale = 1.0
         if world > 1:  # the token mean over every rank's micro-batch, once FSDP averages
@@ -259,7 +284,7 @@ class SFTModule(pl.LightningModule):
         self.log("loss", stats.loss.item(), prog_bar=True, batch_size=n)
         self.loss_history.append(stats.loss.item())
         self._tokens = mb.num_tokens
-        return stats.loss * scale
+        return loss * scale
 
     def _dummy_example(self) -> SFTExample:
         traj = filler_trajectory(self.processor.tokenizer.pad_token_id)
@@ -274,29 +299,48 @@ class SFTModule(pl.LightningModule):
             self.log("train/tokens_per_s", rate, on_step=True, batch_size=len(batch.examples))
 
     def fit_steps(
-        self, examples: Sequence[SFTExample], steps: int, batch_size: int
+        self,
+        examples: Sequence[SFTExample],
+        steps: int,
+        batch_size: int,
+        *,
+        lead: Sequence[SFTExample] = (),
+        lead_steps: int = 0,
+        max_grad_norm: float | None = None,
+        on_step: Callable[[int], None] | None = None,
+        desc: str = "SFT step",
     ) -> list[dict[str, float]]:
-        """`steps` optimiser steps outside a Trainer (examples cycled in order), with the same
-        loss and metrics as `training_step`: how a cold start inside an RL run uses this module.
+        """`steps` optimiser steps outside a Trainer, with the same loss and metrics as
+        `training_step`: how a cold start inside an RL run uses this module.
+
+        Batches cycle over `examples` in order; the first `lead_steps` steps cycle over `lead`
+        instead (a curriculum). `on_step(done)` runs after every step (measurements).
         """
-        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        opt = self.optimizer_factory(params)
         sched = self.scheduler_factory(opt) if self.scheduler_factory else None
         self.policy.train()
         records = []
-        for step in range(steps):
+        for step in track(range(steps), desc=desc):
+            pool = lead if lead and step < lead_steps else examples
             start = step * batch_size
-            batch = [examples[(start + i) % len(examples)] for i in range(batch_size)]
+            batch = [pool[(start + i) % len(pool)] for i in range(batch_size)]
             stats, _ = self.compute(batch)
+            loss = self.objective(stats)
             opt.zero_grad(set_to_none=True)
-            stats.loss.backward()
+            loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             opt.step()
             if sched is not None:
                 sched.step()
-            rec = {"loss": stats.loss.item()}
+            rec = {"loss": loss.item(), "token_loss": stats.loss.item()}
             if stats.answer_loss is not None:
                 rec["answer_loss"] = stats.answer_loss.item()
                 rec["answer_accuracy"] = stats.answer_accuracy.item()
             records.append(rec)
+            if on_step is not None:
+                on_step(step + 1)
         self.loss_history += [r["loss"] for r in records]
         self.policy.eval()
         return records

@@ -19,6 +19,7 @@ encoder caches (vision embeddings computed with the old weights must not be reus
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -93,6 +94,46 @@ def _find(seq: Sequence[int], sub: Sequence[int], start: int) -> int:
     return -1
 
 
+class _FirstTimeOnly(logging.Filter):
+    """Lets each of vLLM's per-call notices through once, not at every step.
+
+    On CPU, vLLM replaces `torch.set_num_threads` with a warning (34 a step in the demo); every
+    in-place reload warns that the rotary embeddings have no weights to load (they have none:
+    their tables are computed, and the post-sync log-prob parity test shows they are right) and
+    logs its timing and the prefix-cache reset. `time/sync` carries the timing.
+    """
+
+    NOTICES = (
+        "doesn't allow to use `torch.set_num_threads`",
+        "RotaryEmbedding: Failed to load weights",
+        "Reloading and processing weights took",
+        "Successfully reset prefix cache",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        notice = next((n for n in self.NOTICES if n in message), None)
+        if notice is None:
+            return True
+        if notice in self.seen:
+            return False
+        self.seen.add(notice)
+        record.msg, record.args = f"{message} (shown once; repeats are silenced)", None
+        return True
+
+
+def _silence_repeats() -> None:
+    """Install `_FirstTimeOnly` on the handlers of vLLM's logger (once per process)."""
+    root = logging.getLogger("vllm")
+    for handler in [*root.handlers, *logging.getLogger().handlers]:
+        if not any(isinstance(f, _FirstTimeOnly) for f in handler.filters):
+            handler.addFilter(_FirstTimeOnly())
+
+
 class VLLMEngine:
     """`RolloutEngine` over `vllm.LLM`; see the module docstring for the request contract."""
 
@@ -126,6 +167,7 @@ class VLLMEngine:
             path = tempfile.mkdtemp(prefix="paravt_vllm_")
             model.save_pretrained(path)
             processor.save_pretrained(path)
+        _silence_repeats()
         llm = vllm.LLM(**llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt))
         return cls(llm, processor, cfg)
 

@@ -1,21 +1,12 @@
-"""Cold start pieces: answer-token mask, schedule, teacher batching, per-budget table."""
+"""Cold start pieces: schedule, the SFT stage it trains through, per-budget table."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from paravt.modules.coldstart import ColdStartConfig, answer_mask, lr_factor
+from paravt.modules.coldstart import ColdStartConfig, lr_factor
 from paravt.modules.report import BudgetResult, before_after_table, gain_line, pooled
-
-
-def test_answer_mask_selects_trained_tokens_between_the_answer_tags():
-    # ids: 5 = <answer>, 6 = </answer>
-    ids = torch.tensor([[1, 5, 7, 8, 6, 2, 5, 9, 6], [1, 2, 3, 5, 4, 6, 0, 0, 0]])
-    trained = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0, 0]]).bool()
-    mask = answer_mask(ids, trained, 5, 6)
-    assert mask[0].nonzero().flatten().tolist() == [2, 3]  # the untrained prompt answer is out
-    assert mask[1].nonzero().flatten().tolist() == [4]
 
 
 def test_lr_factor_warms_up_then_decays_to_the_floor():
@@ -47,8 +38,7 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy, vision_tower
-    from paravt.modules.coldstart import _vision_trainable, fit, teacher_trajectories
-    from paravt.modules.forward import TokenIds
+    from paravt.modules.coldstart import _vision_trainable, fit, sft_stage, teacher_trajectories
     from paravt.rollout.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
@@ -61,7 +51,7 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     before = [p.detach().clone() for p in tower.parameters()]
     with _vision_trainable(model, True):
         assert all(p.requires_grad for p in tower.parameters())
-        fit(model, trajs, TokenIds.from_tokenizer(processor.tokenizer), cfg)
+        fit(sft_stage(model, processor, cfg), trajs, cfg)
     assert not any(p.requires_grad for p in tower.parameters())  # frozen again for RL
     assert any(not torch.equal(a, p) for a, p in zip(before, tower.parameters(), strict=True))
     with _vision_trainable(model, False):  # off: the flags are left alone

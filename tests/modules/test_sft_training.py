@@ -212,6 +212,56 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
     assert {"answer_loss", "answer_accuracy"} <= set(records[0])
 
 
+def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(tool_caller, needle_samples):
+    """What the demo's cold start asks of SFTModule: a lead pool for the first steps, an extra
+    weight on answer tokens, clipping, per-step callbacks, answer metrics pooled over chunks."""
+    import copy
+    from functools import partial
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.scripts import needle_teacher
+    from paravt.data.sft_encode import SFTExample
+    from paravt.modules.sft import SFTModule, example_from_trajectory
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.video.reader import VideoReader
+
+    model, processor = tool_caller
+    policy = copy.deepcopy(model)
+
+    def examples(strategy):
+        engine = ScriptedEngine(processor.tokenizer, needle_teacher(needle_samples, strategy))
+        loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=2))
+        trajs = loop.run(needle_samples, [4] * len(needle_samples), 1, SamplingParams(greedy=True))
+        return [example_from_trajectory(t, processor.tokenizer) for t in trajs]
+
+    main, lead = examples("search"), examples("direct")  # different token sequences
+    optimizer = partial(torch.optim.SGD, lr=0.0)  # lr 0: every step sees the same weights
+    module = SFTModule(
+        policy=policy, processor=processor, optimizer=optimizer, packing=False, answer_weight=2.0
+    )
+    with torch.no_grad():
+        on_lead, _ = module.compute(lead[:2])
+        on_main, _ = module.compute(main[2:4])
+    seen = []
+    records = module.fit_steps(
+        main, 2, 2, lead=lead, lead_steps=1, max_grad_norm=1.0, on_step=seen.append
+    )
+    assert seen == [1, 2]
+    # step 0 drew from the lead pool, step 1 (rows 2, 3) from the main one
+    assert records[0]["token_loss"] == pytest.approx(on_lead.loss.item(), rel=1e-5)
+    assert records[1]["token_loss"] == pytest.approx(on_main.loss.item(), rel=1e-5)
+    for rec in records:  # the objective adds 2 x the answer tokens' mean NLL
+        assert rec["loss"] == pytest.approx(rec["token_loss"] + 2.0 * rec["answer_loss"], 1e-5)
+    # pooled over answer tokens, whatever the chunking
+    whole = module.answer_metrics(main, chunk=len(main))
+    assert module.answer_metrics(main, chunk=3) == pytest.approx(whole, rel=1e-5)
+    assert whole[0] > 0.0 and 0.0 <= whole[1] <= 1.0
+    unmarked = [SFTExample(e.id, e.trajectory, (0,) * e.num_tokens) for e in main[:2]]
+    assert module.answer_metrics(unmarked) is None
+
+
 def test_ranks_read_disjoint_micro_batches():
     from paravt.data.sft_datamodule import _Batches
 

@@ -127,7 +127,7 @@ def test_weight_sync_after_an_update_refreshes_text_and_vision_caches(
     # One optimiser step on every weight, the vision tower included, on these trajectories.
     policy = copy.deepcopy(model).train()
     torch.manual_seed(0)
-    supervised_steps(policy, before, TokenIds.from_tokenizer(processor.tokenizer), 1, lr=3e-3)
+    supervised_steps(policy, processor, before, 1, lr=3e-3)
     policy.eval()
     key = next(k for k in policy.state_dict() if ".visual." in f".{k}")
     assert not torch.equal(policy.state_dict()[key], model.state_dict()[key])
