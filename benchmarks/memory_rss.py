@@ -1,11 +1,12 @@
 """Host memory over a long CPU run: resident set size (RSS) per training step, growth after warm-up.
 
-Runs the demo recipe (tiny local Qwen3-VL, synthetic needle videos, transformers engine, demo
-sizes: 2 prompts x 4 rollouts, 2 tool rounds, 160 new tokens per turn, a checkpoint every step)
-without its cold start for `--steps` steps, reads this process's RSS from /proc after every step
-and prints the median RSS of the 20 steps after warm-up and of the last 20, and the growth between
-them. A leak (a list
-of rollouts kept per step, a growing cache) shows as growth that keeps rising with the number of
+Runs the demo recipe (tiny local Qwen3-VL, synthetic needle videos, demo sizes: 4 prompts x 4
+rollouts, 2 tool rounds, 160 new tokens per turn, a checkpoint every step) without its cold
+start for `--steps` steps, reads this process's RSS from /proc after every step and prints, for
+the raw RSS and for the "live" RSS (after `gc.collect()` and `malloc_trim(0)`, which give freed
+heap pages back), the medians of the first and last 50 steps after warm-up, the growth between
+them and the least-squares slope; every sample goes to `RUN_DIR/rss.csv`. A leak (a list of
+rollouts kept per step, a growing cache) shows as growth that keeps rising with the number of
 steps; the goal is < 5% after warm-up.
 
     python benchmarks/memory_rss.py [--steps 200] [--warmup 20] [--run-dir /tmp/rss]
@@ -21,6 +22,8 @@ there too. Linux only (/proc/self/statm).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import statistics
 import tempfile
@@ -33,6 +36,7 @@ from paravt.modules.build import build_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
+LIBC = ctypes.CDLL("libc.so.6")
 
 
 def rss_mib() -> float:
@@ -41,30 +45,45 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * PAGE / 2**20
 
 
+def live_rss_mib() -> float:
+    """RSS after a garbage collection and glibc's `malloc_trim(0)`: freed heap pages go back to
+    the OS, so what remains is (close to) what is still referenced: the leak signal."""
+    gc.collect()
+    LIBC.malloc_trim(0)
+    return rss_mib()
+
+
 class RSSRecorder(pl.Callback):
-    """Appends (step, RSS MiB) after every training batch."""
+    """Appends (step, RSS MiB, live RSS MiB) after every training batch."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[int, float]] = []
+        self.samples: list[tuple[int, float, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.samples.append((trainer.global_step, rss_mib()))
+        self.samples.append((trainer.global_step, rss_mib(), live_rss_mib()))
 
 
-def growth(
-    samples: list[tuple[int, float]], warmup: int, window: int = 20
-) -> tuple[float, float, float]:
-    """(median RSS of the `window` steps after warm-up, of the last `window` steps, growth in %).
+def growth(values: list[float], warmup: int, window: int) -> tuple[float, float, float]:
+    """(median of the `window` values after warm-up, median of the last `window`, growth %).
 
-    RSS swings by ~10% from step to step (allocator pages taken and given back with rollout
+    Raw RSS swings by ~10% from step to step (heap pages taken and given back with rollout
     lengths), so single steps would measure the swing; window medians measure the trend.
     """
-    after = samples[warmup:]
+    after = values[warmup:]
     if len(after) < 2 * window:
-        raise ValueError(f"need --warmup={warmup} + 2 x {window} steps, recorded {len(samples)}")
-    start = statistics.median(r for _, r in after[:window])
-    end = statistics.median(r for _, r in after[-window:])
+        raise ValueError(f"need warm-up {warmup} + 2 x {window} steps, recorded {len(values)}")
+    start = statistics.median(after[:window])
+    end = statistics.median(after[-window:])
     return start, end, 100.0 * (end - start) / start
+
+
+def slope_per_100(values: list[float], warmup: int) -> float:
+    """Least-squares slope of `values` after warm-up, in MiB per 100 steps."""
+    ys = values[warmup:]
+    xs = range(len(ys))
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return 100.0 * num / sum((x - mx) ** 2 for x in xs)
 
 
 def small_overrides(run_dir: Path) -> list[str]:
@@ -113,17 +132,25 @@ def main() -> None:
     recorder = RSSRecorder()
     run.trainer.callbacks.append(recorder)
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    start, end, pct = growth(recorder.samples, args.warmup)
-    peak = max(r for _, r in recorder.samples)
-    every = max(1, len(recorder.samples) // 20)
-    print("step  rss_mib")
-    for step, rss in recorder.samples[::every]:
-        print(f"{step:>4}  {rss:8.1f}")
-    print(
-        f"engine {args.engine}  steps {len(recorder.samples)}  warm-up {args.warmup}  "
-        f"RSS (median of 20 steps) after warm-up {start:.1f} MiB, at the end {end:.1f} MiB  "
-        f"peak {peak:.1f} MiB  growth {pct:+.2f}%  (goal < 5%)"
+    (run_dir / "rss.csv").write_text(
+        "step,rss_mib,live_rss_mib\n"
+        + "".join(f"{st},{raw:.1f},{live:.1f}\n" for st, raw, live in recorder.samples)
     )
+    every = max(1, len(recorder.samples) // 20)
+    print("step  rss_mib  live_rss_mib")
+    for step, raw, live in recorder.samples[::every]:
+        print(f"{step:>4}  {raw:7.1f}  {live:12.1f}")
+    window = min(50, (len(recorder.samples) - args.warmup) // 2)
+    for name, column in (("RSS", 1), ("live RSS", 2)):
+        values = [sample[column] for sample in recorder.samples]
+        start, end, pct = growth(values, args.warmup, window)
+        print(
+            f"engine {args.engine}  {name}: median of the {window} steps after warm-up "
+            f"{start:.1f} MiB, of the last {window} {end:.1f} MiB, growth {pct:+.2f}% "
+            f"(goal < 5%); slope {slope_per_100(values, args.warmup):+.1f} MiB / 100 steps; "
+            f"peak {max(values):.1f} MiB"
+        )
+    print(f"per-step samples: {run_dir / 'rss.csv'}")
 
 
 if __name__ == "__main__":

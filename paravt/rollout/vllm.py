@@ -127,9 +127,8 @@ class _FirstTimeOnly(logging.Filter):
 
 
 def _silence_repeats() -> None:
-    """Install `_FirstTimeOnly` on the handlers of vLLM's logger (once per process)."""
-    root = logging.getLogger("vllm")
-    for handler in [*root.handlers, *logging.getLogger().handlers]:
+    """Install `_FirstTimeOnly` on the handlers of vLLM's logger and the root (once each)."""
+    for handler in [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers]:
         if not any(isinstance(f, _FirstTimeOnly) for f in handler.filters):
             handler.addFilter(_FirstTimeOnly())
 
@@ -167,8 +166,8 @@ class VLLMEngine:
             path = tempfile.mkdtemp(prefix="paravt_vllm_")
             model.save_pretrained(path)
             processor.save_pretrained(path)
-        _silence_repeats()
         llm = vllm.LLM(**llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt))
+        _silence_repeats()  # vLLM installs its log handler while the engine starts
         return cls(llm, processor, cfg)
 
     # ---- RolloutEngine ----------------------------------------------------------------------
