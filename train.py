@@ -10,6 +10,8 @@ Hydra's message and a "did you mean" hint (`paravt.config_hints`).
 
 from __future__ import annotations
 
+import time
+
 import hydra
 from omegaconf import DictConfig
 
@@ -28,6 +30,7 @@ def check_inputs(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    started = time.perf_counter()
     with exit_on_user_error():
         from callbacks.progress import route_lightning_logs
         from paravt.modules.build import build_run, maybe_cold_start, summary
@@ -41,12 +44,14 @@ def main(cfg: DictConfig) -> float | None:
         check_inputs(cfg)
         run = build_run(cfg)
         maybe_cold_start(cfg, run)
+        fit_started = time.perf_counter()
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
+        fit_seconds = time.perf_counter() - fit_started
         if cfg.export_hf:
             run.module.export_hf(f"{cfg.run_dir}/hf")
         value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
         if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
-            print(summary(cfg, run))
+            print(summary(cfg, run, fit_seconds, time.perf_counter() - started))
             print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
         return value
 

@@ -111,6 +111,11 @@ def main() -> None:
         "generated in the run folder: the same step structure at ~1/5 of the time per step",
     )
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="extra Hydra overrides, e.g. rollout.engine.mm_processor_cache_gb=0",
+    )
     args = parser.parse_args()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="paravt-rss-"))
     overrides = small_overrides(run_dir) if args.small else []
@@ -125,6 +130,7 @@ def main() -> None:
         "trainer.enable_progress_bar=false",
         "callbacks.benchmark_validation=null",
         "callbacks.rollout_logger.every_n_steps=10",
+        *args.overrides,
     ]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides)

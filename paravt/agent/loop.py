@@ -49,12 +49,22 @@ class AgentConfig:
     forced_answer_max_tokens: int | None = None  # cap of the forced turn (None: max_new_tokens)
     tools: bool = True  # False: no tool in the system prompt and no call parsed (no-tool ablation)
     system: str | None = None  # the system prompt; None: prompts.system_prompt() (tool schema)
+    # True: the tool is offered (same prompt) but its calls never run; the turn that makes them
+    # gets the forced-answer message alone and the next turn must answer (the "same policy,
+    # forced to answer without tools" ablation, `mode=tools_denied`).
+    deny_calls: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"agent mode {self.mode!r} is unknown: choose one of {MODES}")
         if self.max_rounds < 0:
             raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
+        if self.deny_calls and (not self.tools or self.max_rounds < 1):
+            raise ValueError(
+                "deny_calls needs tools=true and max_rounds >= 1 (the denied calls' turn is "
+                f"followed by a forced answer), got tools={self.tools}, "
+                f"max_rounds={self.max_rounds}"
+            )
 
 
 @dataclass
@@ -254,6 +264,10 @@ class AgentLoop:
         params: SamplingParams,
     ) -> None:
         if not with_calls:
+            return
+        if self.cfg.deny_calls:  # no crop runs; the next turn is a forced answer
+            for st, _ in with_calls:
+                self._append_responses(st, (), last=True)
             return
         t0 = time.perf_counter()
         results = self.executor.run_many([(calls, st.sample.video) for st, calls in with_calls])

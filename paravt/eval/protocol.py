@@ -4,7 +4,9 @@
 `agent` / `crop` groups, so training and evaluation share one source of truth) and only what is
 evaluation's own: the overview frame budget, the batch size and the seed. The call cap is ONE
 knob, `crop.max_calls_per_turn` (the sequential preset sets it to 1); `agent.tools=false` is the
-no-tool preset (no tool in the system prompt, no call parsed). Presets: conf/mode/*.yaml.
+no-tool preset (no tool in the system prompt, no call parsed); `agent.deny_calls=true` the
+tools-denied one (the tool offered, its calls never run, an answer forced). Presets:
+conf/mode/*.yaml.
 
 This module deliberately does not run anything.
 """

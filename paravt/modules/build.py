@@ -189,8 +189,11 @@ def _skip_lines(datamodule, logged=None) -> list[str]:
     return lines
 
 
-def summary(cfg: DictConfig, run: Run) -> str:
-    """A plain-text report of the run: cold start, held-out evaluations, training rewards."""
+def summary(
+    cfg: DictConfig, run: Run, fit_seconds: float | None = None, total_seconds: float | None = None
+) -> str:
+    """A plain-text report of the run: cold start, held-out evaluations, training rewards, and
+    the wall time of `Trainer.fit` (RL with its held-out evaluations) and of the whole run."""
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
     if cfg.get("ckpt_path"):
         step = getattr(run.module, "resumed_step", None)
@@ -215,6 +218,14 @@ def summary(cfg: DictConfig, run: Run) -> str:
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
     lines += _before_after_lines(run.module, run.datamodule.agent)
     lines += _skip_lines(run.datamodule, run.trainer.callback_metrics)
+    if fit_seconds is not None:
+        steps = run.trainer.global_step - (getattr(run.module, "resumed_step", None) or 0)
+        per = f", {fit_seconds / steps:.1f} s/step" if steps > 0 else ""
+        total = f"; whole run {total_seconds:.0f} s" if total_seconds is not None else ""
+        lines.append(
+            f"wall time: RL {fit_seconds:.0f} s ({steps} steps{per}, held-out evaluations "
+            f"included){total}"
+        )
     lines += _curve_lines(cfg)
     lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
     return "\n".join(lines)

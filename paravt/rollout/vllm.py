@@ -52,6 +52,7 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
         "max_num_seqs": cfg.max_num_seqs,
         "seed": cfg.seed,
         "enable_prefix_caching": cfg.enable_prefix_caching,
+        "mm_processor_cache_gb": cfg.mm_processor_cache_gb,
         "logprobs_mode": "processed_logprobs",
         "limit_mm_per_prompt": {"video": max_videos, "image": 0},
         # Normalise in the processor (as the trainer's pixels are), not with the image

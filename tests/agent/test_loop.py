@@ -89,6 +89,22 @@ def test_forced_answer_after_the_last_round(processor, needle_samples):
     assert "You have no tool calls left" in processor.tokenizer.decode(list(traj.token_ids))
 
 
+def test_denied_calls_run_no_crop_and_force_an_answer(processor, needle_samples):
+    turn = "x</think>\n" + call_text(1, 5) + call_text(10, 15)
+    cfg = AgentConfig(max_rounds=3, deny_calls=True)
+    (traj,) = scripted_loop(processor, turn, cfg=cfg, always=True).run(
+        needle_samples[:1], [4], 1, GREEDY
+    )
+    # The calls are made and counted, but no crop reaches the context: only the overview clip.
+    assert traj.num_calls == 2 and traj.turns[0].results == ()
+    assert len(traj.visuals) == 1 and traj.num_tool_responses == 0
+    assert len(traj.turns) == 2 and traj.turns[1].forced_answer and traj.turns[1].calls == ()
+    text = processor.tokenizer.decode(list(traj.token_ids))
+    assert "<tool_response>" not in text and "You have no tool calls left" in text
+    with pytest.raises(ValueError, match="deny_calls needs tools=true and max_rounds >= 1"):
+        AgentConfig(max_rounds=0, deny_calls=True)
+
+
 def test_total_length_guard_truncates(processor, needle_samples):
     turn = "x</think>\n" + call_text(1, 16)
     probe = scripted_loop(processor, turn).run(needle_samples[:1], [4], 1, GREEDY)[0]

@@ -227,8 +227,12 @@ def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, nee
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     assert not torch.equal(before, run.module.policy.lm_head.weight)
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    text = summary(cfg, run)
+    text = summary(cfg, run, fit_seconds=9.0, total_seconds=20.0)
     assert "run 'demo_test' (2 RL steps)" in text
+    assert (
+        "wall time: RL 9 s (2 steps, 4.5 s/step, held-out evaluations included); whole run 20 s"
+        in text
+    )
     assert f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} (3 steps)" in text
     # Held-out baseline before the first update (step 0) and after step 2.
     rows = [line.split()[0] for line in text.splitlines() if line.startswith("     ")]
