@@ -1,6 +1,7 @@
 """One table comparing evaluation runs (modes, models), in the layout of the paper's tables.
 
-`comparison_table(rows)` is pure: one row per run (its label, e.g. the dispatch mode), one column
+`comparison_table(rows)` is pure: one row per run (its label: the mode, then every override that
+differs between the runs, e.g. `parallel protocol.num_frames=2`; `job_labels`), one column
 per benchmark metric (the headline first: accuracy / m_avg / miou, R@k, then the breakdowns),
 and the mean tool calls per sample last, fractions as percentages. `ComparisonTable` is the Hydra
 callback that collects each job's metrics in a multirun
@@ -54,26 +55,50 @@ def comparison_table(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> st
     return "\n".join(lines)
 
 
+def job_labels(jobs: Sequence[tuple[str, Mapping[str, str]]]) -> list[str]:
+    """One row label per (mode, overrides) job: the mode, then `key=value` for every override
+    whose value differs between the jobs (benchmark and mode are the table's own axes), so a
+    sweep over modes x frame budgets (or models) gives one row per combination."""
+    keys = sorted({k for _, overrides in jobs for k in overrides} - {"benchmark", "mode"})
+    varying = [k for k in keys if len({overrides.get(k) for _, overrides in jobs}) > 1]
+    return [
+        " ".join([mode, *(f"{k}={overrides[k]}" for k in varying if k in overrides)])
+        for mode, overrides in jobs
+    ]
+
+
+def _overrides(task: Sequence[str]) -> dict[str, str]:
+    """`key=value` command-line overrides as a dict (`+key` / `~key` prefixes dropped)."""
+    pairs = (item.split("=", 1) for item in task if "=" in item)
+    return {key.lstrip("+~"): value for key, value in pairs}
+
+
 class ComparisonTable(Callback):
     """Collects each multirun job's metrics; prints one comparison table at the end."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str, Mapping[str, float]]] = []
+        self.jobs: list[tuple[str, dict[str, str], str, Mapping[str, float]]] = []
         self.folder = ""
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         value = getattr(job_return, "_return_value", None)
         from hydra.core.hydra_config import HydraConfig
 
+        overrides: dict[str, str] = {}
         if HydraConfig.initialized():  # the job's folder is <sweep dir>/<job number>
-            self.folder = os.path.dirname(str(HydraConfig.get().runtime.output_dir))
+            hydra_cfg = HydraConfig.get()
+            self.folder = os.path.dirname(str(hydra_cfg.runtime.output_dir))
+            overrides = _overrides(list(hydra_cfg.overrides.task))
         if isinstance(value, Mapping):
-            self.rows.append((str(config.mode.name), str(config.benchmark.name), value))
+            mode, benchmark = str(config.mode.name), str(config.benchmark.name)
+            self.jobs.append((mode, overrides, benchmark, value))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        if not self.rows:
+        if not self.jobs:
             return
-        table = comparison_table(self.rows)
+        labels = job_labels([(mode, overrides) for mode, overrides, _, _ in self.jobs])
+        rows = [(label, job[2], job[3]) for label, job in zip(labels, self.jobs, strict=True)]
+        table = comparison_table(rows)
         print("\n== comparison ==\n" + table)
         folder = self.folder or "."
         os.makedirs(folder, exist_ok=True)

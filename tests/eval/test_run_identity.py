@@ -212,6 +212,30 @@ def test_killed_evaluation_resumes_to_the_uninterrupted_metrics(
         assert sorted(_ids(tmp_path / name)) == sorted(_ids(tmp_path / "ref"))
 
 
+def test_row_labels_name_what_differs_between_the_jobs():
+    from paravt.eval.compare import job_labels
+
+    common = {"benchmark": "needle", "model.path": "m"}
+    jobs = [
+        (mode, {**common, "mode": mode, "protocol.num_frames": k})
+        for mode in ("parallel", "tools_denied")
+        for k in ("2", "4")
+    ]
+    assert job_labels(jobs) == [
+        "parallel protocol.num_frames=2",
+        "parallel protocol.num_frames=4",
+        "tools_denied protocol.num_frames=2",
+        "tools_denied protocol.num_frames=4",
+    ]
+    # Only the mode varies: the labels are the modes; two models: the model path is named.
+    assert job_labels([("parallel", common), ("no_tool", common)]) == ["parallel", "no_tool"]
+    other = {**common, "model.path": "n"}
+    assert job_labels([("parallel", common), ("parallel", other)]) == [
+        "parallel model.path=m",
+        "parallel model.path=n",
+    ]
+
+
 def test_one_command_compares_the_three_modes(tiny_qwen3_dir, needle_dir, tmp_path):
     run = subprocess.run(
         [
