@@ -30,10 +30,16 @@ from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingP
 from paravt.rollout.factory import EngineConfig
 from paravt.rollout.hf import vision_placeholder_ids
 
-# vLLM's CPU backend on a small shared machine: no core binding, in-process engine core.
+# vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
+# small oneDNN primitive cache. vLLM's CPU linears are oneDNN matmuls keyed by the number of rows
+# (tokens in the batch), and every new prefill length JIT-compiles new primitives (~0.1-0.2 MiB
+# each) that oneDNN's global cache keeps, 1024 by default: host memory grew ~0.6 MiB a training
+# step in the demo. 64 holds what one forward pass reuses across layers; each layer's handler
+# keeps its own last 32 anyway. Read once, when vLLM first builds a primitive.
 CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
 }
 
 
@@ -143,7 +149,7 @@ class VLLMEngine:
         self.suppress_ids = vision_placeholder_ids(tok)
         self.stop_ids = [tok.convert_tokens_to_ids("<|im_end|>")]
         self.placeholder_text, self.placeholder_ids = video_placeholder(processor)
-        self._expansions: dict[int, tuple[Any, tuple[int, ...]]] = {}
+        self._expansions: dict[tuple, tuple[int, ...]] = {}
         self._version = 0
         self._sleeping = False
         self.last_sync_s = 0.0
@@ -243,11 +249,13 @@ class VLLMEngine:
         return prompt
 
     def _expansion(self, visual) -> tuple[int, ...]:
-        """The ids the processor expands this clip's placeholder into (cached per clip)."""
-        key = id(visual)
+        """The ids the processor expands this clip's placeholder into, cached by what they depend
+        on (frame array shape, frame indices, fps, duration), never holding the clip's pixels."""
+        frames = visual.frames
+        key = (tuple(frames.pixels.shape), tuple(frames.indices), frames.fps, frames.duration)
         hit = self._expansions.get(key)
-        if hit is not None and hit[0] is visual:
-            return hit[1]
+        if hit is not None:
+            return hit
         from paravt.agent.render import clip_metadata
 
         out = self.processor(
@@ -260,7 +268,7 @@ class VLLMEngine:
         ids = tuple(out["input_ids"][0].tolist())
         if len(self._expansions) > 4096:
             self._expansions.clear()
-        self._expansions[key] = (visual, ids)
+        self._expansions[key] = ids
         return ids
 
     @staticmethod

@@ -9,6 +9,8 @@ changes the engine's weights, so it runs last.
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -99,6 +101,25 @@ def test_sampled_logprobs_match_the_trainers_teacher_forced_pass(
     gaps = _gaps(model, processor, trajs, 0.7)
     print(f"vLLM vs teacher-forced at T=0.7: max |delta logprob| = {max(gaps):.2e}")
     assert max(gaps) <= 1e-4
+
+
+def test_the_expansion_cache_keeps_no_clip_pixels(tool_caller, vllm_engine, needle_samples):
+    """The placeholder expansions are cached by what they depend on, never by the clip object:
+    a cache that held the clips kept every rollout's frames alive (host memory grew each step)."""
+    _, processor = tool_caller
+    trajs = _loop(vllm_engine, processor, "frames").run(needle_samples[:2], [4, 4], 2, GREEDY)
+    clips = [v.frames for t in trajs for v in t.visuals]
+    assert len(clips) > 4
+    pixels = [weakref.ref(f.pixels) for f in clips]
+    keys = {(f.pixels.shape, tuple(f.indices), f.fps, f.duration) for f in clips}
+    assert len(vllm_engine._expansions) >= len(keys)  # every distinct clip layout was expanded
+    before = dict(vllm_engine._expansions)
+    again = _loop(vllm_engine, processor, "frames").run(needle_samples[:2], [4, 4], 2, GREEDY)
+    assert [t.token_ids for t in again] == [t.token_ids for t in trajs]
+    assert vllm_engine._expansions == before  # same layouts: cache hits, no new entries
+    del trajs, again, clips
+    gc.collect()
+    assert all(ref() is None for ref in pixels), "the engine still holds a rollout's frames"
 
 
 def test_a_too_long_context_is_refused_naming_the_trajectory(tool_caller, vllm_engine):
