@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from paravt.eval.benchmarks import AnnotationError, get_benchmark
+from paravt.eval.benchmarks.base import collect_row_errors
 
 
 @pytest.fixture
@@ -67,6 +68,18 @@ def test_bad_txt_line_raises(tmp_path, line):
     ann = tmp_path / "bad.txt"
     ann.write_text(f"3MSZA 1 2##ok\n{line}\n")
     with pytest.raises(AnnotationError, match=r"bad.txt: row 1: field 'line'"):
+        get_benchmark("charades").load(str(ann), str(tmp_path))
+
+
+def test_a_bad_txt_line_is_skipped_and_reported_when_collecting(tmp_path):
+    ann = tmp_path / "sta_test.txt"
+    ann.write_text("3MSZA 1 2##ok\n3MSZA 24.3##no end\nAB12C 3 4.5##fine too\n")
+    with collect_row_errors() as errors:
+        items = get_benchmark("charades").load(str(ann), str(tmp_path))
+    assert [i.sample.id for i in items] == ["3MSZA-0", "AB12C-2"]
+    assert len(errors) == 1 and "row 1: field 'line'" in str(errors[0])
+    ann.write_bytes(b"3MSZA 1 2##caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(AnnotationError, match=r"sta_test.txt: not UTF-8 text"):
         get_benchmark("charades").load(str(ann), str(tmp_path))
 
 

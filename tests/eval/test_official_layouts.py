@@ -261,3 +261,22 @@ def test_category_mean_reduces_across_ranks(tmp_path):
     mp.spawn(_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1] == pytest.approx({"overall": 2 / 3, "k=a": 0.5, "k=b": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("a.json", b"not json", r"a\.json \(line 1\): invalid JSON .*expected a JSON list"),
+        ("a.jsonl", b'{"a": 1}\n{bad\n', r"a\.jsonl \(line 2\): invalid JSON"),
+        ("a.json", b'{"data": []}', r"a\.json: expected a list of JSON objects, got dict"),
+        ("a.json", b"[1, 2]", r"a\.json: expected a list of JSON objects, got a list holding"),
+        ("a.json", b"\xff\xfe[]", r"a\.json: not UTF-8 text"),
+        ("a.parquet", b"PAR1 truncated", r"a\.parquet: cannot read as parquet .*download whole"),
+    ],
+)
+def test_an_unreadable_annotation_file_is_one_error_naming_it(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(AnnotationError, match=message) as caught:
+        get_benchmark("videomme").load(str(path), str(tmp_path))
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)

@@ -25,6 +25,7 @@ import torch
 
 from paravt.eval import scoring
 from paravt.eval.benchmarks.base import (
+    FILE,
     AnnotationError,
     EvalItem,
     build_items,
@@ -66,11 +67,17 @@ def _is_number(value: Any) -> bool:
 
 
 def parse_txt(path: str) -> list[dict[str, Any]]:
-    """Rows {video, caption, timestamp} from the original `VID start end##sentence` lines."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.strip() for line in handle if line.strip()]
-    for index, line in enumerate(lines):
+    """Rows {video, caption, timestamp} from the original `VID start end##sentence` lines.
+
+    A malformed line becomes a row {"line", "error"} that `_item` refuses, so it is skipped and
+    reported like any bad row (or raised, outside `collect_row_errors`)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle if line.strip()]
+    except UnicodeDecodeError as error:
+        raise AnnotationError(path, "-", FILE, f"not UTF-8 text ({error})") from error
+    for line in lines:
         head, sep, caption = line.partition("##")
         parts = head.split()
         try:
@@ -78,15 +85,19 @@ def parse_txt(path: str) -> list[dict[str, Any]]:
         except (IndexError, ValueError):
             start = end = math.nan
         if not sep or len(parts) != 3 or math.isnan(start + end):
-            reason = f"expected 'VID start end##sentence', got {line!r}"
-            raise AnnotationError(path, index, "line", reason)
-        rows.append({"video": parts[0] + ".mp4", "caption": caption, "timestamp": [start, end]})
+            rows.append(
+                {"line": line, "error": f"expected 'VID start end##sentence', got {line!r}"}
+            )
+        else:
+            rows.append({"video": parts[0] + ".mp4", "caption": caption, "timestamp": [start, end]})
     return rows
 
 
 def _item(
     row: dict[str, Any], index: int, path: str, root: str, decimals: int | None = GOLD_DECIMALS
 ) -> EvalItem:
+    if "error" in row and "line" in row:  # a malformed line of the original .txt
+        raise AnnotationError(path, index, "line", row["error"])
     name = get_field(row, "video", "str", path, index).strip()
     caption = get_field(row, "caption", "str", path, index)
     start, end = _interval(get_field(row, "timestamp", "list", path, index), path, index)
@@ -118,7 +129,9 @@ def load_charades(
 ) -> list[EvalItem]:
     is_txt = annotations.endswith(".txt")
     if is_txt and not os.path.isfile(annotations):
-        raise FileNotFoundError(f"annotation file not found: {annotations}")
+        raise FileNotFoundError(
+            f"annotation file not found: {annotations}; pass the downloaded file"
+        )
     rows = take(parse_txt(annotations) if is_txt else read_rows(annotations), limit)
     make = partial(_item, path=annotations, root=video_root, decimals=decimals)
     return build_items(enumerate(rows), make, annotations, "Charades-STA")
