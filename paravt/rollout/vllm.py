@@ -31,11 +31,11 @@ from paravt.rollout.factory import EngineConfig
 from paravt.rollout.hf import vision_placeholder_ids
 
 # vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
-# small oneDNN primitive cache. vLLM's CPU linears are oneDNN matmuls keyed by the number of rows
-# (tokens in the batch), and every new prefill length JIT-compiles new primitives (~0.1-0.2 MiB
-# each) that oneDNN's global cache keeps, 1024 by default: host memory grew ~0.6 MiB a training
-# step in the demo. 64 holds what one forward pass reuses across layers; each layer's handler
-# keeps its own last 32 anyway. Read once, when vLLM first builds a primitive.
+# small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls whose primitives are
+# built per shape (tokens in the batch) and kept in oneDNN's global cache, 1,024 of them by
+# default: host memory grew ~0.64 MiB a training step in the demo; capped at 64 it is flat, at no
+# measurable cost in speed (docs/reliability.md, section 6). oneDNN reads the variable when vLLM
+# first builds a primitive, so setting it before the engine starts is enough.
 CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

@@ -66,10 +66,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+BAD_LINE = "<bad line>"  # parse_txt's key for a malformed line (no annotation field is named so)
+
+
 def parse_txt(path: str) -> list[dict[str, Any]]:
     """Rows {video, caption, timestamp} from the original `VID start end##sentence` lines.
 
-    A malformed line becomes a row {"line", "error"} that `_item` refuses, so it is skipped and
+    A malformed line becomes a row {BAD_LINE: reason} that `_item` refuses, so it is skipped and
     reported like any bad row (or raised, outside `collect_row_errors`)."""
     rows: list[dict[str, Any]] = []
     try:
@@ -85,9 +88,7 @@ def parse_txt(path: str) -> list[dict[str, Any]]:
         except (IndexError, ValueError):
             start = end = math.nan
         if not sep or len(parts) != 3 or math.isnan(start + end):
-            rows.append(
-                {"line": line, "error": f"expected 'VID start end##sentence', got {line!r}"}
-            )
+            rows.append({BAD_LINE: f"expected 'VID start end##sentence', got {line!r}"})
         else:
             rows.append({"video": parts[0] + ".mp4", "caption": caption, "timestamp": [start, end]})
     return rows
@@ -96,8 +97,8 @@ def parse_txt(path: str) -> list[dict[str, Any]]:
 def _item(
     row: dict[str, Any], index: int, path: str, root: str, decimals: int | None = GOLD_DECIMALS
 ) -> EvalItem:
-    if "error" in row and "line" in row:  # a malformed line of the original .txt
-        raise AnnotationError(path, index, "line", row["error"])
+    if BAD_LINE in row:
+        raise AnnotationError(path, index, "line", row[BAD_LINE])
     name = get_field(row, "video", "str", path, index).strip()
     caption = get_field(row, "caption", "str", path, index)
     start, end = _interval(get_field(row, "timestamp", "list", path, index), path, index)
