@@ -67,7 +67,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -87,19 +87,25 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
     try:
-        rows = json.loads(_read_text(path))
+        rows = json.loads(read_text(path))
     except json.JSONDecodeError as error:
         raise DataFileError(
             f"{path}:{error.lineno}: invalid JSON ({error.msg} at column {error.colno})"
         ) from error
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise DataFileError(
-            f"{path}: expected a JSON list of row objects; use .jsonl for one object per line"
-        )
-    return rows
+    if not isinstance(rows, list):
+        got = type(rows).__name__
+    elif odd := [type(row).__name__ for row in rows if not isinstance(row, dict)]:
+        got = f"a list holding {odd[0]}"
+    else:
+        return rows
+    raise DataFileError(
+        f"{path}: expected a JSON list of row objects, got {got}; "
+        "use .jsonl for one object per line"
+    )
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text; `DataFileError` naming it when it cannot be read so."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

@@ -31,9 +31,9 @@ from paravt.rollout.factory import EngineConfig
 from paravt.rollout.hf import vision_placeholder_ids
 
 # vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
-# small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls whose primitives are
-# built per shape (tokens in the batch) and kept in oneDNN's global cache, 1,024 of them by
-# default: host memory grew ~0.64 MiB a training step in the demo; capped at 64 it is flat, at no
+# small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls, compiled per shape
+# and kept in oneDNN's global cache, 1,024 of them by default: with rollouts of ever new token
+# counts host memory grew ~0.64 MiB a training step in the demo; capped at 64 it is flat, at no
 # measurable cost in speed (docs/reliability.md, section 6). oneDNN reads the variable when vLLM
 # first builds a primitive, so setting it before the engine starts is enough.
 CPU_ENV = {

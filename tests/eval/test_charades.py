@@ -79,7 +79,7 @@ def test_a_bad_txt_line_is_skipped_and_reported_when_collecting(tmp_path):
     assert [i.sample.id for i in items] == ["3MSZA-0", "AB12C-2"]
     assert len(errors) == 1 and "row 1: field 'line'" in str(errors[0])
     ann.write_bytes(b"3MSZA 1 2##caf\xe9\n")  # Latin-1, not UTF-8
-    with pytest.raises(AnnotationError, match=r"sta_test.txt: not UTF-8 text"):
+    with pytest.raises(AnnotationError, match=r"sta_test.txt: cannot read as UTF-8 text"):
         get_benchmark("charades").load(str(ann), str(tmp_path))
 
 

@@ -266,12 +266,20 @@ def test_category_mean_reduces_across_ranks(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        ("a.json", b"not json", r"a\.json \(line 1\): invalid JSON .*expected a JSON list"),
-        ("a.jsonl", b'{"a": 1}\n{bad\n', r"a\.jsonl \(line 2\): invalid JSON"),
-        ("a.json", b'{"data": []}', r"a\.json: expected a list of JSON objects, got dict"),
-        ("a.json", b"[1, 2]", r"a\.json: expected a list of JSON objects, got a list holding"),
-        ("a.json", b"\xff\xfe[]", r"a\.json: not UTF-8 text"),
-        ("a.parquet", b"PAR1 truncated", r"a\.parquet: cannot read as parquet .*download whole"),
+        ("a.json", b"not json", r"a\.json:1: invalid JSON .*pass the benchmark's own"),
+        ("a.jsonl", b'{"a": 1}\n{bad\n', r"a\.jsonl:2: invalid JSON"),
+        ("a.json", b'{"data": []}', r"a\.json: expected a JSON list of row objects, got dict"),
+        (
+            "a.json",
+            b"[1, 2]",
+            r"a\.json: expected a JSON list of row objects, got a list holding int",
+        ),
+        ("a.json", b"\xff\xfe[]", r"a\.json: cannot read as UTF-8 text"),
+        (
+            "a.parquet",
+            b"PAR1 truncated",
+            r"a\.parquet: cannot read as parquet .*pass the benchmark's own",
+        ),
     ],
 )
 def test_an_unreadable_annotation_file_is_one_error_naming_it(tmp_path, name, content, message):

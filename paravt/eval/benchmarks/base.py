@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
+from paravt.data.datasets import DataFileError, load_rows
 from paravt.eval import scoring
 from paravt.eval.metrics import CategoryMean
 from paravt.types import Sample
@@ -57,15 +57,20 @@ class Benchmark(Protocol):
 
 
 class AnnotationError(ValueError):
-    """A malformed annotation row: names the file, the row, the field and what was expected."""
+    """A malformed annotation row (names the file, the row, the field and what was expected), or
+    an annotation file that cannot be read at all (field `FILE`; names the file and the line)."""
 
     def __init__(self, path: str, row: int | str, field_name: str, reason: str) -> None:
         self.path, self.row, self.field = path, row, field_name
-        if field_name == FILE:  # the whole file: `row` is "-" or a "line N" location
-            where = "" if row == "-" else f" ({row})"
-            super().__init__(f"{path}{where}: {reason}")
+        if field_name == FILE:  # the whole file: `reason` already names it (and the line)
+            super().__init__(reason)
         else:
             super().__init__(f"{path}: row {row}: field {field_name!r}: {reason}")
+
+    @classmethod
+    def unreadable(cls, path: str, error: DataFileError) -> AnnotationError:
+        """A file `paravt.data.datasets` could not read (`error` names it, the line, the cause)."""
+        return cls(path, "-", FILE, f"{error}; pass the benchmark's own annotation file")
 
 
 FILE = "<file>"  # AnnotationError's field for a problem with the whole file
@@ -75,65 +80,14 @@ FILE = "<file>"  # AnnotationError's field for a problem with the whole file
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-    """The rows of a .parquet, .json (a list of objects) or .jsonl annotation file.
-
-    A file that cannot be read as its extension says (not JSON, not parquet, not UTF-8, not a
-    list of objects) raises `AnnotationError` naming the file (and line) and the layout expected.
-    """
+    """The rows of a .parquet, .json (a list of objects) or .jsonl annotation file, read by
+    `paravt.data.datasets.load_rows`; a file it cannot read is one `AnnotationError`."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"annotation file not found: {path}; pass the downloaded file")
-    if path.endswith(".parquet"):
-        import pyarrow as pa  # here, not at the top: json-only users need no pyarrow
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as error:
-            raise AnnotationError(
-                path, "-", FILE, f"cannot read as parquet ({error}); is the download whole?"
-            ) from error
-    jsonl = path.endswith(".jsonl")
     try:
-        with open(path, encoding="utf-8") as handle:
-            if jsonl:
-                rows = [
-                    _json_line(line, n, path) for n, line in enumerate(handle, 1) if line.strip()
-                ]
-            else:
-                rows = json.load(handle)
-    except UnicodeDecodeError as error:
-        raise AnnotationError(path, "-", FILE, f"not UTF-8 text ({error})") from error
-    except json.JSONDecodeError as error:
-        raise AnnotationError(
-            path,
-            f"line {error.lineno}",
-            FILE,
-            f"invalid JSON ({error.msg} at column "
-            f"{error.colno}); expected a JSON list of objects (a .jsonl file: one object a line)",
-        ) from error
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        got = type(rows).__name__ if not isinstance(rows, list) else "a list holding non-objects"
-        raise AnnotationError(
-            path,
-            "-",
-            FILE,
-            f"expected a list of JSON objects, got {got}; pass the "
-            "benchmark's own annotation file (see its adapter's docstring)",
-        )
-    return rows
-
-
-def _json_line(line: str, number: int, path: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise AnnotationError(
-            path,
-            f"line {number}",
-            FILE,
-            f"invalid JSON ({error.msg} at column "
-            f"{error.colno}); a .jsonl file holds one JSON object a line",
-        ) from error
+        return load_rows(path)
+    except DataFileError as error:
+        raise AnnotationError.unreadable(path, error) from error
 
 
 _KINDS: dict[str, tuple[type, ...]] = {

@@ -19,13 +19,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from paravt.data.datasets import DataFileError, read_text
 from paravt.eval import scoring
 from paravt.eval.benchmarks.base import (
-    FILE,
     AnnotationError,
     EvalItem,
     build_items,
@@ -76,11 +77,10 @@ def parse_txt(path: str) -> list[dict[str, Any]]:
     reported like any bad row (or raised, outside `collect_row_errors`)."""
     rows: list[dict[str, Any]] = []
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = [line.strip() for line in handle if line.strip()]
-    except UnicodeDecodeError as error:
-        raise AnnotationError(path, "-", FILE, f"not UTF-8 text ({error})") from error
-    for line in lines:
+        text = read_text(Path(path))
+    except DataFileError as error:
+        raise AnnotationError.unreadable(path, error) from error
+    for line in [line.strip() for line in text.splitlines() if line.strip()]:
         head, sep, caption = line.partition("##")
         parts = head.split()
         try:
