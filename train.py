@@ -1,6 +1,6 @@
 """PARA-GRPO training entry point: `python train.py [experiment=NAME] [key=value ...]`.
 
-Thin on purpose: Hydra composes conf/, `paravt.modules.build` instantiates the pieces, this file
+Thin on purpose: Hydra composes conf/, `paravt.run.build` instantiates the pieces, this file
 checks the user's paths before anything is built, runs the optional cold start, `fit`, the HF
 export, and prints the run's summary. A user's mistake (a missing path, a misspelt key under a
 `_target_`) prints one line and exits with code 2; `HYDRA_FULL_ERROR=1` shows the traceback.
@@ -33,12 +33,12 @@ def main(cfg: DictConfig) -> float | None:
     started = time.perf_counter()
     with exit_on_user_error():
         from callbacks.progress import route_lightning_logs
-        from paravt.modules.build import build_run, maybe_cold_start, summary
+        from paravt.run.build import build_run, maybe_cold_start, summary
         from paravt.sweep import optimized_metric
 
         route_lightning_logs()
         if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
-            from paravt.modules.build_sft import run_sft
+            from paravt.run.build_sft import run_sft
 
             return run_sft(cfg)
         check_inputs(cfg)

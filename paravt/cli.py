@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write scripted-teacher needle trajectories in the ParaVT SFT schema",
     ),
     "rollout": (
-        "paravt.agent.inspect",
+        "paravt.run.inspect",
         "run the agent on a few samples and print the trajectories",
     ),
 }

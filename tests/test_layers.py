@@ -28,7 +28,7 @@ CORE = [
     "paravt.data.sft_schema",
     "paravt.rl.microbatch",
     "paravt.progress",
-    "paravt.distributed",
+    "paravt.parallel.distributed",
     "paravt.rollout.records",
     "paravt.rollout.engine",
     "paravt.eval.scoring",

@@ -156,7 +156,7 @@ CPU_TRAIN = [c for c in COMMANDS if c.machine == "cpu" and c.script == "train.py
 def test_each_cpu_training_command_runs_one_step(
     command, tmp_path, tiny_qwen3_dir, tiny_qwen25_dir, needle_dir
 ):
-    from paravt.modules.build import build_run, maybe_cold_start
+    from paravt.run.build import build_run, maybe_cold_start
     from train import check_inputs
 
     missing = _missing_experiment(command)

@@ -71,7 +71,7 @@ def load_policy(spec: PolicySpec, on_meta: bool = False):
     """(model, processor) for `spec`, building the tiny checkpoint first when asked.
 
     `on_meta`: the model's skeleton only, parameters on the meta device (no memory, no weights
-    read), for FSDP2 to shard before anything is materialised (`paravt.modules.fsdp.
+    read), for FSDP2 to shard before anything is materialised (`paravt.parallel.fsdp.
     materialize_sharded` then fills the shards from rank 0's load).
     """
     import torch

@@ -21,7 +21,10 @@ from dataclasses import asdict, astuple, dataclass, field, replace
 import lightning.pytorch as pl
 import torch
 
-from paravt.distributed import (
+from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.models.loading import PolicySpec, load_policy
+from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
+from paravt.parallel.distributed import (
     MicroBatch,
     Rank,
     filler_trajectory,
@@ -29,9 +32,6 @@ from paravt.distributed import (
     mean_over_ranks,
     pad_micro_batches,
 )
-from paravt.models.loading import PolicySpec, load_policy
-from paravt.modules.forward import TokenIds, trajectory_logprobs
-from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
 from paravt.rewards.structural import (
     STRUCTURAL_TAGS,
@@ -150,8 +150,9 @@ class GRPOModule(pl.LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
-        fill) policy and reference (`paravt.modules.fsdp.configure_sharding`); one device: no-op."""
-        from paravt.modules.fsdp import configure_sharding
+        fill) policy and reference (`paravt.parallel.fsdp.configure_sharding`); one device:
+        no-op."""
+        from paravt.parallel.fsdp import configure_sharding
 
         configure_sharding(self, self.spec, self.policy, self.reference)
 
@@ -379,7 +380,7 @@ class GRPOModule(pl.LightningModule):
     def export_hf(self, path: str) -> None:
         """The policy in HF format with its processor (what `model.path` / vLLM load); under
         FSDP2 every rank calls it and rank 0 writes the gathered weights."""
-        from paravt.modules.fsdp import export_hf
+        from paravt.parallel.fsdp import export_hf
 
         export_hf(self.policy, self.processor, path)
 

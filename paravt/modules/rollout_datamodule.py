@@ -25,9 +25,9 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.data.datasets import BadRowError
-from paravt.data.rollout_datamodule import PromptBatch, PromptDataModule
-from paravt.distributed import is_sharded
+from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
+from paravt.parallel.distributed import is_sharded
 from paravt.rollout.engine import RolloutEngine, SamplingParams
 from paravt.rollout.factory import EngineConfig, build_engine
 from paravt.rollout.records import RolloutBatch

@@ -26,8 +26,8 @@ import torch
 from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_batch
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
-from paravt.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
-from paravt.modules.forward import TokenIds
+from paravt.models.forward import TokenIds
+from paravt.parallel.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
 from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rollout.hf import visual_kwargs
@@ -203,7 +203,7 @@ class SFTModule(pl.LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2: shard (and fill from a meta skeleton) the policy; see `GRPOModule`."""
-        from paravt.modules.fsdp import configure_sharding
+        from paravt.parallel.fsdp import configure_sharding
 
         configure_sharding(self, self.spec, self.policy)
         self.policy.train()
@@ -348,6 +348,6 @@ class SFTModule(pl.LightningModule):
     def export_hf(self, path: str) -> None:
         """The policy in HF format with its processor (what `model.path` / vLLM load); under
         FSDP2 every rank calls it and rank 0 writes the gathered weights."""
-        from paravt.modules.fsdp import export_hf
+        from paravt.parallel.fsdp import export_hf
 
         export_hf(self.policy, self.processor, path)

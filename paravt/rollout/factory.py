@@ -62,7 +62,7 @@ class EngineConfig:
 
 
 def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
-    from paravt.distributed import is_sharded
+    from paravt.parallel.distributed import is_sharded
     from paravt.rollout.hf import TransformersEngine
 
     own = model if share_weights and not is_sharded(model) else engine_copy(model, cfg)
@@ -72,7 +72,7 @@ def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rollo
 def engine_copy(model, cfg: EngineConfig):
     """An unsharded, frozen copy of `model` with its current weights (a deep copy, or, for an
     FSDP2-sharded model, a fresh module of the same config filled from the gathered shards)."""
-    from paravt.distributed import is_sharded, iter_full_state_dict, load_buckets
+    from paravt.parallel.distributed import is_sharded, iter_full_state_dict, load_buckets
 
     if not is_sharded(model):
         return copy.deepcopy(model)

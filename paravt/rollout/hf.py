@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from paravt.distributed import (
+from paravt.parallel.distributed import (
     generate_sync_kwargs,
     is_sharded,
     iter_full_state_dict,

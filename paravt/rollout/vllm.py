@@ -327,7 +327,7 @@ class VLLMEngine:
         from the shards of an FSDP2 policy: every rank calls this, each for its own engine)."""
         import torch
 
-        from paravt.distributed import iter_full_state_dict
+        from paravt.parallel.distributed import iter_full_state_dict
 
         dtype = getattr(torch, self.cfg.dtype)
         device = next(policy.parameters()).device if _on_gpu() else "cpu"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from transformers import AutoProcessor
 
-from paravt.agent.inspect import format_runs, format_trajectory, mask_runs, printable
 from paravt.cli import main
+from paravt.run.inspect import format_runs, format_trajectory, mask_runs, printable
 from paravt.types import (
     Frames,
     ParsedCall,

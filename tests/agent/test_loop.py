@@ -10,7 +10,7 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
 from paravt.agent.tools import CropConfig
-from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.hf import TransformersEngine
 from paravt.rollout.scripted import ScriptedEngine

@@ -18,7 +18,7 @@ from paravt.data.packing import (
 from paravt.data.sft_encode import SFTEncoder
 from paravt.data.sft_schema import parse_row
 from paravt.data.sft_writer import teacher_rows
-from paravt.modules.forward import TokenIds
+from paravt.models.forward import TokenIds
 from paravt.modules.sft import batch_logprobs, sft_stats
 from paravt.video.reader import VideoReader
 

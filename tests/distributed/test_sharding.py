@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paravt.distributed import (
+from paravt.parallel.distributed import (
     MicroBatch,
     Rank,
     agree_max,
@@ -55,7 +55,7 @@ def test_token_loss_scale_recovers_the_global_token_mean():
 
 
 def test_rollout_datamodule_batches_are_sharded_per_rank_with_a_global_step():
-    from paravt.data.rollout_datamodule import _StepBatches
+    from paravt.data.prompt_datamodule import _StepBatches
 
     pool = [f"s{i}" for i in range(6)]  # 6 prompts, B = 4: step 1 crosses into epoch 1
 

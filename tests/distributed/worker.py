@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from paravt.distributed import (
+from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.parallel.distributed import (
     Rank,
     generate_sync_kwargs,
     global_sum,
@@ -30,7 +31,6 @@ from paravt.distributed import (
     shard_prompts,
     token_loss_scale,
 )
-from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.rl.losses import get_policy_loss
 from paravt.rl.objective import AdvantageConfig, compute_advantages, token_budget_chunks
 from paravt.types import Trajectory
@@ -107,13 +107,13 @@ def train_steps(model, opt, ids: TokenIds, start: int, stop: int, seen: list) ->
 
 
 def full_weights(model) -> dict[str, torch.Tensor]:
-    from paravt.modules.fsdp import iter_full_state_dict
+    from paravt.parallel.fsdp import iter_full_state_dict
 
     return {n: t.clone() for bucket in iter_full_state_dict(model) for n, t in bucket}
 
 
 def _shard_report(model, reference, before: dict) -> dict:
-    from paravt.modules.fsdp import decoder_layers, local_numel
+    from paravt.parallel.fsdp import decoder_layers, local_numel
 
     layer = decoder_layers(model)[0]
     return {
@@ -127,7 +127,7 @@ def _shard_report(model, reference, before: dict) -> dict:
 
 
 def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
-    from paravt.modules.fsdp import export_hf, iter_full_state_dict, save_checkpoint, shard_policy
+    from paravt.parallel.fsdp import export_hf, iter_full_state_dict, save_checkpoint, shard_policy
 
     model, processor = load(model_dir)
     reference, _ = load(model_dir)
@@ -161,7 +161,7 @@ def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
 
 def _engine_and_full_state(model_dir: str, model, opt, weights: dict) -> dict:
     """An unsharded engine copy filled bucket by bucket; the full (rank-0 style) train state."""
-    from paravt.modules.fsdp import iter_full_state_dict, load_buckets, train_state
+    from paravt.parallel.fsdp import iter_full_state_dict, load_buckets, train_state
 
     engine, _ = load(model_dir)
     copied = load_buckets(engine, iter_full_state_dict(model, bucket_bytes=32 << 10))
@@ -182,7 +182,7 @@ def _engine_and_full_state(model_dir: str, model, opt, weights: dict) -> dict:
 
 
 def scenario_resume(model_dir: str, out: Path, ckpt: Path) -> dict:
-    from paravt.modules.fsdp import load_checkpoint, shard_policy
+    from paravt.parallel.fsdp import load_checkpoint, shard_policy
 
     model, processor = load(model_dir)
     shard_policy(model)
@@ -223,7 +223,7 @@ def scenario_lightning(model_dir: str, out: Path, ckpt: Path) -> dict:
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.utils.data import DataLoader
 
-    from paravt.modules.fsdp import shard_policy
+    from paravt.parallel.fsdp import shard_policy
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -393,7 +393,7 @@ def _identity(item):
 
 
 def _local(model) -> int:
-    from paravt.modules.fsdp import local_numel
+    from paravt.parallel.fsdp import local_numel
 
     return local_numel(model)
 

@@ -18,7 +18,7 @@ pytestmark = [
 def test_bf16_engine_and_trainer_agree_on_cuda(tool_caller, needle_samples):
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.modules.forward import TokenIds, trajectory_logprobs
+    from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.hf import TransformersEngine
     from paravt.video.reader import VideoReader
@@ -46,7 +46,7 @@ def test_two_step_training_on_cuda(tmp_path, tiny_qwen3_dir, needle_dir):
 
     from hydra import compose, initialize_config_dir
 
-    from paravt.modules.build import build_run
+    from paravt.run.build import build_run
 
     overrides = [
         f"run_dir={tmp_path}",

@@ -21,7 +21,7 @@ pytestmark = [
 def test_sleep_mode_engine_syncs_and_matches_the_trainer(tool_caller, needle_samples, tmp_path):
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.modules.forward import TokenIds, trajectory_logprobs
+    from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout import EngineConfig, SamplingParams, build_engine
     from paravt.video.reader import VideoReader
 

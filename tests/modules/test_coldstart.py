@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paravt.modules.coldstart import ColdStartConfig, lr_factor
-from paravt.modules.report import BudgetResult, before_after_table, gain_line, pooled
+from paravt.run.coldstart import ColdStartConfig, lr_factor
+from paravt.run.report import BudgetResult, before_after_table, gain_line, pooled
 
 
 def test_lr_factor_warms_up_then_decays_to_the_floor():
@@ -38,8 +38,8 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy, vision_tower
-    from paravt.modules.coldstart import _vision_trainable, fit, sft_stage, teacher_trajectories
     from paravt.rollout.scripted import ScriptedEngine
+    from paravt.run.coldstart import _vision_trainable, fit, sft_stage, teacher_trajectories
     from paravt.video.reader import VideoReader
 
     model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True))

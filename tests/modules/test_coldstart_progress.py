@@ -9,8 +9,8 @@ from transformers import AutoProcessor
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.modules import coldstart
 from paravt.rollout.scripted import ScriptedEngine
+from paravt.run import coldstart
 from paravt.video.reader import VideoReader
 
 

@@ -9,7 +9,7 @@ def test_curves_are_drawn_from_logged_scalars(tmp_path):
     from PIL import Image
     from torch.utils.tensorboard import SummaryWriter
 
-    from paravt.modules.curves import read_scalars, write_curves
+    from paravt.run.curves import read_scalars, write_curves
 
     writer = SummaryWriter(str(tmp_path / "tb" / "version_0"))
     for step in range(5):
@@ -43,7 +43,7 @@ def test_compare_runs_draws_one_series_per_run(tmp_path):
     from PIL import Image
     from torch.utils.tensorboard import SummaryWriter
 
-    from paravt.modules.curves import compare_runs
+    from paravt.run.curves import compare_runs
 
     for name, value in (("a", 2.0), ("b", 0.5)):
         writer = SummaryWriter(str(tmp_path / name / "tb"))

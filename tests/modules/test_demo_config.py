@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from paravt.modules.coldstart import ColdStartConfig, mixed_plan, teacher_trajectories
+from paravt.run.coldstart import ColdStartConfig, mixed_plan, teacher_trajectories
 from paravt.types import Sample
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

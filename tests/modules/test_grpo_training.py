@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from paravt.models.loading import vision_tower
-from paravt.modules.build import build_callbacks, build_run
+from paravt.run.build import build_callbacks, build_run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -216,7 +216,7 @@ def test_a_missing_model_directory_is_named(tmp_path, needle_dir):
 
 @pytest.mark.slow
 def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, needle_dir):
-    from paravt.modules.build import maybe_cold_start, summary
+    from paravt.run.build import maybe_cold_start, summary
 
     overrides = ["experiment=demo", *CPU_SCALE, "cold_start.steps=3", "cold_start.batch_size=2"]
     overrides += [*local_paths(tmp_path, tiny_qwen3_dir, needle_dir), "name=demo_test"]
@@ -279,7 +279,7 @@ def test_rollouts_of_step_t_come_from_the_weights_after_update_t_minus_1(
 
     import lightning.pytorch as pl
 
-    from paravt.modules.forward import trajectory_logprobs
+    from paravt.models.forward import trajectory_logprobs
 
     class Snapshot(pl.Callback):
         def __init__(self):

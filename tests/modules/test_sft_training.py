@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from paravt.modules.build_sft import build_sft_run
 from paravt.modules.sft import cosine_with_warmup
+from paravt.run.build_sft import build_sft_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -184,7 +184,7 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.agent.scripts import needle_teacher
-    from paravt.modules.forward import TokenIds, trajectory_logprobs
+    from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.modules.sft import SFTModule, example_from_trajectory, sft_loss
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.scripted import ScriptedEngine

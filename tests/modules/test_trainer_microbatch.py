@@ -19,8 +19,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from paravt.modules.build import build_run
 from paravt.rl.losses import AGGREGATIONS, POLICY_LOSSES
+from paravt.run.build import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_PIECE = 10**7  # padded tokens: every row in one micro-batch

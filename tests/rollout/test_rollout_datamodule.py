@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from paravt.agent.loop import AgentConfig
-from paravt.data.rollout_datamodule import PromptBatch
+from paravt.data.prompt_datamodule import PromptBatch
 from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.rollout import EngineConfig, build_engine
 from paravt.rollout.hf import TransformersEngine

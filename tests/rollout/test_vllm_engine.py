@@ -18,7 +18,7 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.modules.sft import supervised_steps
 from paravt.rollout import EngineConfig, GenerationRequest, SamplingParams, build_engine
 from paravt.types import Frames, Visual

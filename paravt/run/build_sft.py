@@ -1,6 +1,6 @@
 """The SFT stage of train.py (`stage: sft`): compose -> SFTModule + SFTDataModule -> fit -> export.
 
-Kept apart from `paravt.modules.build` (the RL stage) so each stage builds only its own pieces;
+Kept apart from `paravt.run.build` (the RL stage) so each stage builds only its own pieces;
 the Trainer, logger and callbacks are built the same way for both.
 """
 
@@ -11,7 +11,7 @@ import warnings
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from paravt.modules.build import Run, build_callbacks, shards_model
+from paravt.run.build import Run, build_callbacks, shards_model
 
 
 def build_sft_module(cfg: DictConfig, init_on_meta: bool = False):

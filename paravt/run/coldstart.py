@@ -251,7 +251,7 @@ def cold_start(
     module.cold_start_report = report
     module.cold_start_seconds = time.perf_counter() - t0
     if cfg.report_budgets and held_out:
-        from paravt.modules.report import budget_eval
+        from paravt.run.report import budget_eval
 
         t1 = time.perf_counter()
         module.report_samples = list(held_out)[: cfg.report_limit]

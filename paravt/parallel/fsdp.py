@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from paravt.distributed import iter_full_state_dict, load_buckets  # noqa: F401 - re-exported
+from paravt.parallel.distributed import iter_full_state_dict, load_buckets  # noqa: F401 - re-exported
 
 EXTRA_FILE = "paravt_extra.pt"
 

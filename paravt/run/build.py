@@ -92,7 +92,7 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
             "set cold_start=null and start from an SFT checkpoint (experiment=sft_coldstart, "
             "then model.path=runs/sft_coldstart/hf)"
         )
-    from paravt.modules.coldstart import cold_start
+    from paravt.run.coldstart import cold_start
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
@@ -135,7 +135,7 @@ def _before_after_lines(module, agent) -> list[str]:
         return []
     import time
 
-    from paravt.modules.report import before_after_table, budget_eval, gain_line
+    from paravt.run.report import before_after_table, budget_eval, gain_line
 
     t0 = time.perf_counter()
     after = budget_eval(module, agent, module.report_samples, module.report_budgets)
@@ -150,7 +150,7 @@ def _before_after_lines(module, agent) -> list[str]:
 def _curve_lines(cfg: DictConfig) -> list[str]:
     from pathlib import Path
 
-    from paravt.modules.curves import write_curves
+    from paravt.run.curves import write_curves
 
     tb = Path(str(cfg.run_dir)) / "tb"
     if not tb.exists():

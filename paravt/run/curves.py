@@ -133,7 +133,7 @@ def compare_runs(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m paravt.modules.curves OUT_DIR PREFIX NAME=TB_DIR ... -- TAG ...`"""
+    """`python -m paravt.run.curves OUT_DIR PREFIX NAME=TB_DIR ... -- TAG ...`"""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -21,8 +21,8 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import LoadReport, epoch_order, load_samples
-from paravt.distributed import shard_prompts
 from paravt.errors import check_data_path, generation_dir, may_generate_data
+from paravt.parallel.distributed import shard_prompts
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Lightning objects: GRPOModule, SFTModule, the rollout-generating DataModule, checkpoint I/O."""

@@ -1,0 +1,1 @@
+"""Data parallelism: rank bookkeeping and collectives (pure), FSDP2 sharding and checkpoints."""

@@ -1,0 +1,1 @@
+"""Run assembly: config -> Trainer and modules, cold start, reports, curves, `paravt rollout`."""
