@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from paravt.models.qwen_vl import clip_metadata
 from paravt.types import Frames, Visual
 
 _PLACEHOLDER = "\u0000PARAVT_ASSISTANT_TURN\u0000"
@@ -30,25 +31,6 @@ class Segment:
     token_ids: tuple[int, ...]
     visuals: tuple[Visual, ...]
     text: str
-
-
-def clip_metadata(frames: Frames):
-    """transformers `VideoMetadata` whose sampled fps is the clip's true frame rate.
-
-    `total_num_frames` is the number of source frames the clip spans, so Qwen2.5-VL's
-    `second_per_grid_ts` (2 / sampled_fps) is the true time between temporal patches.
-    """
-    from transformers.video_utils import VideoMetadata
-
-    idx = list(frames.indices)
-    k = len(idx)
-    span = (idx[-1] - idx[0]) * k / (k - 1) if k > 1 and idx[-1] > idx[0] else k
-    return VideoMetadata(
-        total_num_frames=max(k, round(span)),
-        fps=frames.fps,
-        frames_indices=idx,
-        duration=frames.duration,
-    )
 
 
 class ChatRenderer:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from paravt.data.sft_encode import SFTExample
-from paravt.rollout.hf import mm_token_type_ids
+from paravt.models.qwen_vl import mm_token_type_ids
 from paravt.types import Visual
 
 # (input_ids [1, T], mm_token_type_ids [1, T], video_grid_thw [V, 3] | None,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from paravt.models.qwen_vl import mm_token_type_ids, vision_placeholder_ids, visual_kwargs
 from paravt.rl.logprobs import causal_token_logprobs
-from paravt.rollout.hf import mm_token_type_ids, visual_kwargs
 from paravt.types import Trajectory
 
 
@@ -29,8 +29,6 @@ class TokenIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenIds:
-        from paravt.rollout.hf import vision_placeholder_ids
-
         return cls(
             pad=tokenizer.pad_token_id,
             image=tokenizer.convert_tokens_to_ids("<|image_pad|>"),

@@ -28,8 +28,8 @@ from paravt.data.datasets import BadRowError
 from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
 from paravt.parallel.distributed import is_sharded
-from paravt.rollout.engine import RolloutEngine, SamplingParams
-from paravt.rollout.factory import EngineConfig, build_engine
+from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
+from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
 from paravt.types import Sample, Trajectory
 from paravt.video.reader import VideoReader
@@ -49,6 +49,9 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        check_engine_name(self.engine.name)
 
 
 @runtime_checkable

@@ -27,10 +27,10 @@ from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_ba
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
 from paravt.models.forward import TokenIds
+from paravt.models.qwen_vl import visual_kwargs
 from paravt.parallel.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
 from paravt.progress import track
 from paravt.rl.logprobs import causal_token_logprobs
-from paravt.rollout.hf import visual_kwargs
 from paravt.types import Trajectory
 
 

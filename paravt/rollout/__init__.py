@@ -3,8 +3,14 @@
 `build_engine(cfg, model, processor)` is the one way to make an engine from a config.
 """
 
-from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
-from paravt.rollout.factory import ENGINES, EngineConfig, build_engine
+from paravt.rollout.engine import (
+    EngineConfig,
+    GenerationOutput,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+)
+from paravt.rollout.factory import ENGINES, build_engine
 
 __all__ = [
     "ENGINES",

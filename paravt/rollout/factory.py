@@ -16,49 +16,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from paravt.rollout.engine import RolloutEngine
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Which engine and its options. The vLLM fields are ignored by the transformers engine.
-
-    GPU-only (ignored on CPU): `gpu_memory_utilization`, `tensor_parallel_size`,
-    `enable_sleep_mode` (colocated training: the engine sleeps during the update and frees its
-    KV cache). `kv_cache_gb` sizes the CPU backend's KV cache (VLLM_CPU_KVCACHE_SPACE).
-    `mm_processor_cache_gb` caps vLLM's LRU cache of processed videos (it serves the G rollouts
-    of a group and the later rounds of a trajectory, which resend the same clips); host memory
-    holds up to that much per engine, so lower it when RAM is short.
-    """
-
-    name: str = "hf"
-    dtype: str = "float32"
-    max_model_len: int = 8192
-    max_num_seqs: int = 16
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.5
-    tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False
-    kv_cache_gb: int = 1
-    mm_processor_cache_gb: float = 4.0  # vLLM's default
-    max_videos_per_prompt: int = 16  # overview + crops of one context
-    sync_bucket_mb: int = 256
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.name not in ENGINES:
-            raise ValueError(
-                f"rollout.engine.name {self.name!r} is unknown: choose one of {sorted(ENGINES)} "
-                "(e.g. rollout/engine=vllm)"
-            )
-        if self.mm_processor_cache_gb < 0:
-            raise ValueError(
-                f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"
-            )
-        if self.sync_bucket_mb < 1:
-            raise ValueError(f"sync_bucket_mb must be >= 1, got {self.sync_bucket_mb}")
+from paravt.rollout.engine import EngineConfig, RolloutEngine
 
 
 def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
@@ -95,6 +54,15 @@ Builder = Callable[..., RolloutEngine]
 ENGINES: dict[str, Builder] = {"hf": _hf, "vllm": _vllm}
 
 
+def check_engine_name(name: str) -> None:
+    """A clear error for an engine name the factory does not know."""
+    if name not in ENGINES:
+        raise ValueError(
+            f"rollout.engine.name {name!r} is unknown: choose one of {sorted(ENGINES)} "
+            "(e.g. rollout/engine=vllm)"
+        )
+
+
 def build_engine(
     cfg: EngineConfig | str,
     model,
@@ -110,4 +78,5 @@ def build_engine(
     """
     if isinstance(cfg, str):
         cfg = EngineConfig(name=cfg)
+    check_engine_name(cfg.name)
     return ENGINES[cfg.name](cfg, model, processor, model_path, share_weights)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from paravt.models.qwen_vl import mm_token_type_ids, vision_placeholder_ids, visual_kwargs
 from paravt.parallel.distributed import (
     generate_sync_kwargs,
     is_sharded,
@@ -24,32 +25,6 @@ from paravt.parallel.distributed import (
 )
 from paravt.rl.logprobs import token_logprobs
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
-from paravt.types import Visual
-
-
-def vision_placeholder_ids(tokenizer) -> list[int]:
-    """Ids that must never be sampled: image/video pads and the vision block delimiters."""
-    names = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-    ids = [tokenizer.convert_tokens_to_ids(n) for n in names]
-    return [i for i in ids if i is not None and i != tokenizer.unk_token_id]
-
-
-def mm_token_type_ids(input_ids: torch.Tensor, image_id: int, video_id: int) -> torch.Tensor:
-    """Modality of every token as Qwen-VL's M-RoPE expects it: text 0, image 1, video 2."""
-    return (input_ids == image_id).long() + 2 * (input_ids == video_id).long()
-
-
-def visual_kwargs(visuals: Sequence[Visual], device: torch.device | str) -> dict:
-    """Model kwargs for the clips of a batch, concatenated in the order their tokens appear."""
-    if not visuals:
-        return {}
-    out = {
-        "pixel_values_videos": torch.cat([v.pixel_values_videos for v in visuals]).to(device),
-        "video_grid_thw": torch.cat([v.video_grid_thw for v in visuals]).to(device),
-    }
-    if all(v.second_per_grid_ts is not None for v in visuals):
-        out["second_per_grid_ts"] = torch.tensor([v.second_per_grid_ts for v in visuals])
-    return out
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,9 +26,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
-from paravt.rollout.factory import EngineConfig
-from paravt.rollout.hf import vision_placeholder_ids
+from paravt.models.qwen_vl import clip_metadata, vision_placeholder_ids
+from paravt.rollout.engine import (
+    EngineConfig,
+    GenerationOutput,
+    GenerationRequest,
+    SamplingParams,
+)
 
 # vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
 # small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls, compiled per shape
@@ -256,8 +260,6 @@ class VLLMEngine:
         hit = self._expansions.get(key)
         if hit is not None:
             return hit
-        from paravt.agent.render import clip_metadata
-
         out = self.processor(
             text=[self.placeholder_text],
             videos=[visual.frames.pixels],
@@ -273,8 +275,6 @@ class VLLMEngine:
 
     @staticmethod
     def _metadata(frames) -> dict[str, Any]:
-        from paravt.agent.render import clip_metadata
-
         meta = clip_metadata(frames)
         return {
             "fps": meta.fps,

@@ -7,7 +7,8 @@ import pytest
 from transformers import AutoProcessor
 
 from paravt.agent import prompts
-from paravt.agent.render import ChatRenderer, clip_metadata
+from paravt.agent.render import ChatRenderer
+from paravt.models.qwen_vl import clip_metadata
 from paravt.types import Frames, Sample, ToolResult
 
 

@@ -94,7 +94,7 @@ def test_mrope_positions_are_those_of_the_model_on_the_example_alone(setup):
     e = examples[0]
     pos = example_positions(e, model_rope_index(model), ids.image, ids.video)
     b = pad_batch([e], ids.pad, ids.image, ids.video)
-    from paravt.rollout.hf import visual_kwargs
+    from paravt.models.qwen_vl import visual_kwargs
 
     grid = visual_kwargs(b.visuals, "cpu")["video_grid_thw"]
     ref, _ = model.model.get_rope_index(b.input_ids, b.mm_token_type_ids, video_grid_thw=grid)
