@@ -35,7 +35,7 @@ VIDEO_ERROR = "video_error"  # finish_reason of the empty trajectories of an und
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Agent settings (PARAVT.md sections 2 and 6); crops are configured by `CropConfig`."""
+    """Agent settings (docs/method.md sections 2 and 6); crops are configured by `CropConfig`."""
 
     max_rounds: int = 3
     mode: str = "frames"
@@ -185,7 +185,7 @@ class AgentLoop:
     # ---- phases -------------------------------------------------------------------------
     def _generate(self, active: Sequence[_State], params: SamplingParams):
         """One engine call for the round; forced-answer turns get their own call when they have
-        their own token cap (BENCHMARKS.md: 64 tokens for a letter, 128 for an interval)."""
+        their own token cap (docs/benchmarks.md: 64 tokens for a letter, 128 for an interval)."""
         cap = self.cfg.forced_answer_max_tokens
         forced = [i for i, st in enumerate(active) if st.forced] if cap else []
         if not forced:

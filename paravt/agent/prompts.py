@@ -1,7 +1,7 @@
 """Prompts of the agent as chat messages (pure: strings and dicts, no processor, no torch).
 
 The same functions build the training and the evaluation prompts, so the overview frames carry
-their true timestamps in both (PARAVT.md pitfall 5). Messages use OpenAI-style content parts;
+their true timestamps in both (docs/method.md pitfall 5). Messages use OpenAI-style content parts;
 `{"type": "video"}` marks where a clip's frames go, in the order the clips are passed to the
 processor. Rendering to tokens is `paravt.agent.render`'s job.
 """
@@ -15,8 +15,8 @@ from typing import Any
 from paravt.types import Sample, ToolResult
 
 FORCED_THINK = "<think>\n"
-# Video-MME's with-subtitles prefix (BENCHMARKS.md); FRAME_SUBTITLES is the `Sample.extra` key of
-# timed blocks whose text is shown only where a sampled frame falls (`subtitles_at`).
+# Video-MME's with-subtitles prefix (docs/benchmarks.md); FRAME_SUBTITLES is the `Sample.extra`
+# key of timed blocks whose text is shown only where a sampled frame falls (`subtitles_at`).
 SUBTITLE_PREFIX = "This video's subtitles are listed below:\n{text}\n\n"
 FRAME_SUBTITLES = "frame_subtitles"
 

@@ -1,6 +1,6 @@
 """Render chat segments to token ids and visual inputs with the model's own processor.
 
-A trajectory grows by appending segments (PARAVT.md pitfall 3): the prompt, then after every
+A trajectory grows by appending segments (docs/method.md pitfall 3): the prompt, then after every
 assistant turn the next context segment (tool responses of the turn together, an optional forced
 answer message, the generation prompt and an optional forced prefix). A continuation segment is
 found as the textual difference between the chat template rendered with and without the new

@@ -50,7 +50,7 @@ class FrameSource(Protocol):
 
 @dataclass(frozen=True)
 class CropConfig:
-    """Crop sampling (PARAVT.md section 2) and executor limits; pixel sizes are per frame."""
+    """Crop sampling (docs/method.md section 2) and executor limits; pixel sizes are per frame."""
 
     sample_fps: float = 1.0
     min_frames: int = 2

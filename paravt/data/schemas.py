@@ -1,6 +1,6 @@
 """Convert one raw RL prompt row (a dict) into a `Sample`, and back.
 
-Two layouts are read (see PARAVT.md section 8):
+Two layouts are read (see docs/method.md section 8):
 - "paravt": what paravt's synthetic generator writes. `prompt` (chat messages, `<video>` marks the
   video), `videos` ([{"video": path}]), `extra_info` with `answer` and `question_type` (required),
   and optionally `options`, `windows` and anything else (kept in `Sample.extra`).

@@ -39,7 +39,7 @@ from paravt.video.sampling import fit_pixels, timestamps, window_indices
 
 @dataclass(frozen=True)
 class SFTVideoConfig:
-    """Defaults for video parts without their own options (PARAVT.md section 5)."""
+    """Defaults for video parts without their own options (docs/method.md section 5)."""
 
     fps: float = 1.0
     max_frames: int = 64

@@ -1,4 +1,4 @@
-"""The ParaVT SFT row schema (PARAVT.md section 8), parsed and validated: pure, no torch.
+"""The ParaVT SFT row schema (docs/method.md section 8), parsed and validated: pure, no torch.
 
 A row is `{"id": ..., "messages": [...]}` with OpenAI content-part messages. Roles: system, user,
 assistant, tool. A content is a string or a list of parts:

@@ -20,7 +20,7 @@ from typing import Any
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.tools import CropConfig
 
-# The paper's protocol (PARAVT.md section 6): 2,048 new tokens per turn, 3 rounds, 5 calls.
+# The paper's protocol (docs/method.md section 6): 2,048 new tokens per turn, 3 rounds, 5 calls.
 PAPER_AGENT = AgentConfig(max_new_tokens=2048, max_total_tokens=65536)
 
 

@@ -6,7 +6,8 @@ same code paths as a real model without downloading anything. It deliberately do
 useful language model: weights are random and the vocabulary is a few hundred tokens.
 
 Vision settings follow the real models: patch 16 (Qwen3-VL) or 14 (Qwen2.5-VL), spatial merge 2,
-temporal patch 2. Digits are split into single tokens as in Qwen's tokenizer (PARAVT.md pitfall 10).
+temporal patch 2. Digits are split into single tokens as in Qwen's tokenizer (docs/method.md
+pitfall 10).
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ class GRPOModule(pl.LightningModule):
         rows = zip(trajs, adv.tolist(), keep.tolist(), formed, strict=True)
         items = [(t, a, f) for t, a, k, f in rows if k]
         if self.algo.train_subagents:
-            # PARAVT.md pitfall 4; sub-agent text has no structural tags to anchor.
+            # docs/method.md pitfall 4; sub-agent text has no structural tags to anchor.
             items += [(s, a, False) for t, a, _ in list(items) for s in t.sub_trajectories]
         prox = self._proximal_logprobs([t for t, _, _ in items])
         opt = self.optimizers()

@@ -1,4 +1,4 @@
-"""Answer extraction and the accuracy reward R_acc (PARAVT.md section 3).
+"""Answer extraction and the accuracy reward R_acc (docs/method.md section 3).
 
 Pure string functions: extract the answer from a trajectory's own text, then score it against the
 ground truth by question type (`mcq` option letter, `tvg` temporal IoU, `oe` open-ended scorer).

@@ -2,7 +2,7 @@
 
     R = R_acc + fmt * R_fmt + tool * R_tool + sum_i w_i * user_i
 
-(PARAVT.md section 3; R_fmt already holds its anchor bonus, see `format.py`). A degenerate
+(docs/method.md section 3; R_fmt already holds its anchor bonus, see `format.py`). A degenerate
 completion (`is_degenerate`) scores exactly 0 and calls no user reward. Every weight is a field of
 the frozen `RewardWeights`, plain numbers only, so Hydra can build it straight from YAML.
 
@@ -180,7 +180,7 @@ def compute_reward(
 def is_well_formed(reward: RewardBreakdown) -> bool:
     """A parseable rollout: not degenerate, every tag pair balanced, a non-empty closed answer.
 
-    The structural-token anchor is applied to these rollouts only (PARAVT.md section 4(i)).
+    The structural-token anchor is applied to these rollouts only (docs/method.md section 4(i)).
     """
     parts = reward.components
     return (

@@ -1,6 +1,6 @@
 """The string-level format reward R_fmt with its anchor bonus, and the degenerate-text guard.
 
-PARAVT.md section 3. `format_reward` reads the WHOLE trajectory's own text (every turn, the
+docs/method.md section 3. `format_reward` reads the WHOLE trajectory's own text (every turn, the
 forced `<think>\\n` prefix included) and returns every term in a frozen `FormatTerms`:
 
     credits (0/1-valued, except balance):

@@ -1,4 +1,4 @@
-"""The token-level parseability anchor of PARA-GRPO (PARAVT.md section 4(i)).
+"""The token-level parseability anchor of PARA-GRPO (docs/method.md section 4(i)).
 
 The paper writes the anchor as sum over t in struct(o) of log pi_theta(o_t | o_<t): a term on the
 log-probabilities of the structural tokens only (closing tags and canonical opening tags), the

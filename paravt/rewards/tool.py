@@ -1,4 +1,4 @@
-"""The tool-use reward R_tool (PARAVT.md section 3).
+"""The tool-use reward R_tool (docs/method.md section 3).
 
 Our reading of "0 without a parseable call; 0.1 for a call, 0.3 if a tool response was received;
 +0.5 more if R_acc > 0" — the levels replace each other, they do not add up:

@@ -24,7 +24,7 @@ from paravt.types import RewardBreakdown, Trajectory
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How rewards become advantages (PARAVT.md sections 4 and 5)."""
+    """How rewards become advantages (docs/method.md sections 4 and 5)."""
 
     estimator: str = "grpo"
     shaping: bool = False

@@ -4,7 +4,7 @@ An engine turns batched requests (token ids plus the visual inputs their placeho
 into sampled continuations with the log-probability of every sampled token. It knows nothing of
 tools, rewards or trajectories; the agent loop drives it one round at a time.
 
-Log-probability definition (every engine and the trainer must agree, PARAVT.md pitfall 8):
+Log-probability definition (every engine and the trainer must agree, docs/method.md pitfall 8):
     logp(token) = log_softmax(suppress(logits / temperature))[token]
 where `suppress` sets the vision placeholder ids to -inf, no top-k / top-p truncation is applied,
 and greedy decoding uses temperature 1 for the reported log-probs.

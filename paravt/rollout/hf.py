@@ -1,7 +1,7 @@
 """A rollout engine on transformers' `generate`, for CPUs and small GPUs.
 
 All requests of a call are generated in one batched, left-padded `generate`; each is repeated
-`n` times. Vision placeholder ids are suppressed (PARAVT.md pitfall 6) and the reported
+`n` times. Vision placeholder ids are suppressed (docs/method.md pitfall 6) and the reported
 log-probabilities follow the definition in `paravt.rollout.engine` (computed from the raw logits
 with `paravt.rl.logprobs.token_logprobs`, the same function the trainer uses). top-k and top-p
 are explicitly disabled so the generation config of a checkpoint cannot truncate the sampling

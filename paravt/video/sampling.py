@@ -1,7 +1,7 @@
 """Frame-index arithmetic: which frames of a video to show, and at what size.
 
 Pure numbers in, numbers out (no decoder, no numpy arrays of pixels): the overview sampler
-(K frames spread over the whole video), the `crop_video` window sampler (PARAVT.md section 2),
+(K frames spread over the whole video), the `crop_video` window sampler (docs/method.md section 2),
 frame timestamps and the per-frame resize target. This module deliberately does not open videos
 (see `paravt.video.reader`) nor validate tool arguments such as `start >= end` (the crop tool does
 that and turns it into an error text); it only guarantees that every index it returns is valid.

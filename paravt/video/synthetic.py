@@ -7,9 +7,11 @@ of a different kind. Three question families:
     color   (mcq)  "What colour is the square that appears in the second half of the video?"
     order   (mcq)  "Which appears first ...: the red square or the blue circle?"
     ground  (tvg)  "When does the red square appear ...?"  ->  "[12.0, 15.0]"
-Rows follow the RL data schema (PARAVT.md section 8) with video paths relative to the data file.
+Rows follow the RL data schema (docs/method.md section 8) with video paths relative to the data
+file.
 
-Why the defaults need search (PARAVT.md section 10: an exact hint makes the task too easy for RL):
+Why the defaults need search (docs/method.md section 10: an exact hint makes the task too easy
+for RL):
 64 s at 2 fps with a 3 s needle. A 4-frame overview samples t = 8, 24, 40, 56 s, so a needle is
 seen with probability ~ 4 * 3 / 64 ~ 0.19 (8 frames: ~ 0.38): the overview usually misses it.
 The default hint is coarse ("in the second half"): a 32 s span, twice what one crop shows at

@@ -120,7 +120,7 @@ def test_two_step_runs_train_the_policy_not_the_vision_tower(
 @pytest.mark.slow
 def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
     _, run = train(tmp_path, tiny_qwen3_dir, needle_dir)
-    # The sampled frame budgets really reach the overview (PARAVT.md pitfall 1): K frames make
+    # The sampled frame budgets really reach the overview (docs/method.md pitfall 1): K frames make
     # K / 2 temporal patches in the prompt clip.
     record = run.module.last_rollout
     assert set(record.budgets) <= {4, 8}

@@ -83,7 +83,7 @@ def test_degenerate_scores_zero_and_skips_user_rewards() -> None:
 
 def test_forced_prefix_is_part_of_the_text() -> None:
     # With the forced "<think>\n" prefix the anchor bonus is paid; a decode that dropped it
-    # (PARAVT.md section 9.2) would leave a stray </think> and lose it.
+    # (docs/method.md pitfall 2) would leave a stray </think> and lose it.
     own_text = "<think>\nThe red square is at 12 s.</think><answer>B</answer>"
     dropped = own_text.removeprefix("<think>\n")
     assert compute_reward(own_text, "B", "mcq").format == pytest.approx(1.0)

@@ -1,0 +1,50 @@
+"""Every document a file cites is in the repository: a user who clones it can follow each one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_RE = re.compile(r"[A-Za-z0-9_./-]*[A-Za-z0-9_]\.md\b")
+# Markdown files paravt writes at run time (evaluation tables), named in code, not documents.
+WRITTEN = {"results.md", "comparison.md"}
+TEXT = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", "Makefile")
+
+
+def _tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / p for p in out.stdout.split() if p.endswith(TEXT) and (ROOT / p).is_file()]
+
+
+def missing_references(path: Path, text: str) -> list[str]:
+    """The `.md` names in `text` that resolve to no file (from the root, the file, or docs/)."""
+    bad = []
+    for name in DOC_RE.findall(text):
+        if name in WRITTEN:
+            continue
+        here = (path.parent / name, ROOT / name, ROOT / "docs" / name)
+        if not any(p.is_file() for p in here):
+            bad.append(name)
+    return bad
+
+
+def test_no_file_cites_a_document_the_repository_lacks():
+    bad = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in _tracked()
+        for name in missing_references(p, p.read_text(errors="replace"))
+    ]
+    assert not bad, "cited documents that are not in the repository:\n" + "\n".join(bad)
+
+
+def test_the_check_catches_a_missing_document_and_accepts_present_ones():
+    text = "see PARAVT.md section 3, DESIGN.md and docs/method.md, method.md, README.md"
+    assert missing_references(ROOT / "paravt" / "x.py", text) == ["PARAVT.md", "DESIGN.md"]
+
+
+def test_run_time_markdown_names_are_really_written_by_the_code():
+    code = "\n".join(p.read_text() for p in (ROOT / "paravt").rglob("*.py"))
+    for name in WRITTEN:
+        assert f'"{name}"' in code, f"{name} is allowed as a run-time output but nothing writes it"
