@@ -33,22 +33,25 @@ from paravt.parallel.distributed import (
     pad_micro_batches,
 )
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
-from paravt.rewards.structural import (
-    STRUCTURAL_TAGS,
-    structural_anchor_loss,
-    structural_mask,
-    structural_token_ids,
-)
+from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
 from paravt.rl.kl import kl_penalty
-from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
-from paravt.rl.microbatch import MicroWeights, TermSizes, mini_sizes, split_weights
+from paravt.rl.losses import entropy_from_logits
+from paravt.rl.microbatch import (
+    MicroWeights,
+    TermSizes,
+    mini_sizes,
+    split_even,
+    split_weights,
+    token_budget_chunks,
+)
 from paravt.rl.objective import (
     AdvantageConfig,
+    LossSettings,
+    MicroBatchTerms,
     advantage_metrics,
     compute_advantages,
+    micro_objective,
     rollout_metrics,
-    split_even,
-    token_budget_chunks,
 )
 from paravt.rollout.records import RolloutBatch, RolloutRecord
 from paravt.types import RewardBreakdown, Sample, Trajectory
@@ -313,6 +316,7 @@ class GRPOModule(pl.LightningModule):
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
     def _micro_step(self, mb, prox, weights: MicroWeights) -> dict[str, float]:
+        """Forward passes for one micro-batch, `micro_objective` (paravt.rl.objective), backward."""
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
         logp, batch, logits = self._logp(self.policy, trajs, logits=True)
@@ -321,39 +325,40 @@ class GRPOModule(pl.LightningModule):
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
-        a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
-        loss, m = get_policy_loss(self.algo.loss)(
-            logp,
-            proximal,
-            behaviour,
-            a,
-            mask,
-            self.algo.clip_low,
-            self.algo.clip_high,
-            iw_cap=self.algo.iw_cap,
-            agg=self.algo.aggregation,
-            norm_length=self.norm_length,
-            entropy=entropy,
-        )
-        objective = weights.policy * loss
-        metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
-        gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
-        metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+        structural = reference = None
         if self.anchor_coef:
-            smask = structural_mask(
-                batch.input_ids.to(logp.device), mask, self.struct_ids, formed.to(logp.device)
-            )
-            anchor = structural_anchor_loss(logp, smask, self.anchor_coef)
-            objective = objective + weights.anchor * anchor
-            metrics["loss/anchor"] = float(anchor.detach())
+            ids = batch.input_ids.to(logp.device)
+            structural = structural_mask(ids, mask, self.struct_ids, formed.to(logp.device))
         if self.reference is not None and not self.algo.kl_in_reward:
             with torch.no_grad():
-                ref, _, _ = self._logp(self.reference, trajs)
-            kl = kl_loss(logp, ref.to(logp.device), mask, self.algo.kl_estimator, self.algo.kl_coef)
-            objective = objective + weights.kl * kl
-            metrics["loss/kl"] = float(kl.detach())
+                reference = self._logp(self.reference, trajs)[0].to(logp.device)
+        terms = MicroBatchTerms(
+            logp=logp,
+            proximal=proximal,
+            behaviour=behaviour,
+            advantages=torch.tensor(adv, dtype=torch.float32, device=logp.device),
+            mask=mask,
+            entropy=entropy,
+            structural=structural,
+            reference=reference,
+        )
+        objective, metrics = micro_objective(terms, self._loss_settings(), weights)
         self.manual_backward(objective)
         return metrics
+
+    def _loss_settings(self) -> LossSettings:
+        algo = self.algo
+        return LossSettings(
+            loss=algo.loss,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            iw_cap=algo.iw_cap,
+            aggregation=algo.aggregation,
+            norm_length=self.norm_length,
+            kl_estimator=algo.kl_estimator,
+            kl_coef=algo.kl_coef,
+            anchor_coef=self.anchor_coef,
+        )
 
     def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:
         return RolloutRecord(

@@ -15,7 +15,9 @@ Each term of the objective has its own divisor: the policy loss the configured a
 the KL loss trained tokens, the structural anchor its structural positions. A single token-share
 weight (what the trainer used before) is exact for token-mean only.
 
-This module deliberately computes no loss and runs no model: counts in, weights out.
+`token_budget_chunks` cuts a batch into micro-batches of a padded-token budget and `split_even`
+into PPO mini-batches. This module deliberately computes no loss and runs no model: counts in,
+weights out (the loss is `paravt.rl.objective.micro_objective`).
 """
 
 from __future__ import annotations
@@ -125,3 +127,35 @@ def split_weights(
         w = micro_weights(mini_sizes([rows[i] for i in chunk], struct_ids), mini, aggregation)
         out.append(MicroWeights(w.policy * scale, w.kl * scale, w.anchor * scale))
     return out
+
+
+def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Split item indices, in order, into micro-batches of at most `max_tokens` padded tokens.
+
+    Padded cost of a micro-batch = its size x its longest item. An item longer than the budget
+    gets a micro-batch of its own (it cannot be split without breaking the sequence).
+    """
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def split_even(items: list, parts: int) -> list[list]:
+    """`items` in at most `parts` contiguous, near-equal, non-empty pieces (PPO mini-batches)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + size + (p < extra)
+        out.append(items[start:stop])
+        start = stop
+    return [o for o in out if o]

@@ -1,7 +1,14 @@
-"""PARA-GRPO's step-level arithmetic: rewards -> advantages, batch statistics for logging.
+"""The PARA-GRPO objective in one place: rewards -> advantages, and one micro-batch's loss.
 
-Pure functions over tensors and plain values, composed from the registries of `advantages`; the
-LightningModule calls them as phases. This file deliberately runs no model.
+- `compute_advantages`: shaped, group-normalised (and optionally batch-normalised) advantages
+  from a [B, G] reward batch (docs/method.md sections 4 and 5);
+- `micro_objective`: the loss one micro-batch backpropagates, policy loss + structural anchor +
+  KL loss, each scaled by its micro-batch weight (`paravt.rl.microbatch`: the weights that make
+  gradient accumulation over micro-batches exact), with its metrics;
+- `advantage_metrics` / `rollout_metrics`: the step's figures for logging.
+Pure functions over tensors and plain values, composed from the registries of `advantages`,
+`losses` and `kl` and from `rewards.structural`. This file deliberately runs no model (the
+LightningModule passes log-probs from its forward passes) and never calls backward.
 """
 
 from __future__ import annotations
@@ -12,13 +19,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from paravt.rewards.structural import structural_anchor_loss
 from paravt.rl.advantages import (
     batch_normalize,
     get_advantage_fn,
     shape_rewards,
     zero_variance_groups,
 )
+from paravt.rl.losses import get_policy_loss, kl_loss
 from paravt.rl.metrics import f_tau, format_compliance, kappa
+from paravt.rl.microbatch import MicroWeights
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -108,33 +118,68 @@ def rollout_metrics(
     return {k: float(v) for k, v in out.items()}
 
 
-def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Split item indices, in order, into micro-batches of at most `max_tokens` padded tokens.
+@dataclass(frozen=True)
+class LossSettings:
+    """The objective's knobs (from `AlgorithmConfig`; `anchor_coef` as the curriculum set it)."""
 
-    Padded cost of a micro-batch = its size x its longest item. An item longer than the budget
-    gets a micro-batch of its own (it cannot be split without breaking the sequence).
-    """
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, n) > max_tokens:
-            chunks.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        chunks.append(current)
-    return chunks
+    loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    iw_cap: float | None = 5.0
+    aggregation: str = "token_mean"
+    norm_length: int | None = None  # Dr.GRPO's constant divisor
+    kl_estimator: str = "k1"
+    kl_coef: float = 0.0
+    anchor_coef: float = 0.0
 
 
-def split_even(items: list, parts: int) -> list[list]:
-    """`items` in at most `parts` contiguous, near-equal, non-empty pieces (PPO mini-batches)."""
-    parts = max(1, min(parts, len(items)))
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for p in range(parts):
-        stop = start + size + (p < extra)
-        out.append(items[start:stop])
-        start = stop
-    return [o for o in out if o]
+@dataclass(frozen=True)
+class MicroBatchTerms:
+    """One micro-batch's inputs to the objective, all aligned with its padded tokens."""
+
+    logp: Tensor  # [N, T] log pi_theta (with gradient)
+    proximal: Tensor  # [N, T] pi_prox log-probs (the behaviour's unless decoupled)
+    behaviour: Tensor  # [N, T] the engine's log-probs at sampling time
+    advantages: Tensor  # [N] one advantage per row
+    mask: Tensor  # [N, T] bool, trained tokens
+    entropy: Tensor | None = None  # [N, T] for the entropy metric
+    structural: Tensor | None = None  # [N, T] bool, anchored positions (None: no anchor term)
+    reference: Tensor | None = None  # [N, T] reference log-probs (None: no KL loss term)
+
+
+def micro_objective(
+    terms: MicroBatchTerms, settings: LossSettings, weights: MicroWeights
+) -> tuple[Tensor, dict[str, float]]:
+    """(the scalar to backpropagate, metrics) of one micro-batch:
+
+        weights.policy * L_policy + weights.anchor * L_anchor + weights.kl * L_kl
+
+    L_anchor only with `structural` and a non-zero coefficient, L_kl only with `reference`
+    (the KL as a loss term; folded into the reward instead, it is not here)."""
+    logp, mask, behaviour = terms.logp, terms.mask, terms.behaviour
+    loss, m = get_policy_loss(settings.loss)(
+        logp,
+        terms.proximal,
+        behaviour,
+        terms.advantages,
+        mask,
+        settings.clip_low,
+        settings.clip_high,
+        iw_cap=settings.iw_cap,
+        agg=settings.aggregation,
+        norm_length=settings.norm_length,
+        entropy=terms.entropy,
+    )
+    objective = weights.policy * loss
+    metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
+    gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
+    metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+    if settings.anchor_coef and terms.structural is not None:
+        anchor = structural_anchor_loss(logp, terms.structural, settings.anchor_coef)
+        objective = objective + weights.anchor * anchor
+        metrics["loss/anchor"] = float(anchor.detach())
+    if terms.reference is not None:
+        kl = kl_loss(logp, terms.reference, mask, settings.kl_estimator, settings.kl_coef)
+        objective = objective + weights.kl * kl
+        metrics["loss/kl"] = float(kl.detach())
+    return objective, metrics

@@ -32,7 +32,8 @@ from paravt.parallel.distributed import (
     token_loss_scale,
 )
 from paravt.rl.losses import get_policy_loss
-from paravt.rl.objective import AdvantageConfig, compute_advantages, token_budget_chunks
+from paravt.rl.microbatch import token_budget_chunks
+from paravt.rl.objective import AdvantageConfig, compute_advantages
 from paravt.types import Trajectory
 
 PROMPTS, B, G = 12, 4, 2  # a pool of prompts; B prompts x G rollouts per global step
