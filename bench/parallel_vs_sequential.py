@@ -25,6 +25,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
+from paravt.agent.tools import CropConfig
 from paravt.data.datasets import load_samples
 from paravt.models.qwen_vl import mm_token_type_ids, visual_kwargs
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
@@ -93,8 +94,9 @@ def run(loop_parts, samples, crops: int, parallel: bool) -> tuple[Meter, float, 
     model, processor = loop_parts
     tok = processor.tokenizer
     engine = MeteredEngine(ScriptedEngine(tok, responder(samples, crops, parallel)), model, tok)
-    cfg = AgentConfig(max_rounds=crops + 1, sequential=not parallel, max_total_tokens=32768)
-    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+    cfg = AgentConfig(max_rounds=crops + 1, max_total_tokens=32768)
+    crop = CropConfig(max_calls_per_turn=5 if parallel else 1)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg, crop)
     t0 = time.perf_counter()
     trajs = loop.run(samples, [8] * len(samples), 1, SamplingParams(max_new_tokens=256))
     wall = time.perf_counter() - t0

@@ -29,7 +29,7 @@ def run(script: str, tmp_path: Path, *overrides: str) -> subprocess.CompletedPro
         ("trainer.max_stepz=3", "trainer.max_stepz", "did you mean 'trainer.max_steps'?"),
         ("trainr.devices=2", "trainr", "did you mean 'trainer.devices'?"),
         ("experiment=dem", "experiment/dem", "did you mean experiment=demo?"),
-        ("experiment=nope", "experiment/nope", "available: anchoring_only, demo,"),
+        ("experiment=nope", "experiment/nope", "available: demo, demo_qwen2_5_vl,"),
     ],
 )
 def test_train_py_names_the_bad_key_or_experiment_and_the_fix(tmp_path, override, named, fix):
@@ -42,7 +42,9 @@ def test_train_py_names_the_bad_key_or_experiment_and_the_fix(tmp_path, override
 
 
 def test_a_typo_after_an_experiment_is_checked_against_that_experiment(tmp_path):
-    result = run("train.py", tmp_path, "experiment=grpo", "algorithm.clip_hihg=0.3")
+    result = run(
+        "train.py", tmp_path, "experiment=paragrpo", "ablation=grpo", "algorithm.clip_hihg=0.3"
+    )
     assert result.returncode == 1
     assert "did you mean 'algorithm.clip_high'?" in result.stderr, result.stderr
 

@@ -95,14 +95,23 @@ def readme_commands(text: str = README) -> list[Command]:
 
 
 COMMANDS = readme_commands()
+ABLATIONS = sorted(p.stem for p in (ROOT / "conf" / "ablation").glob("*.yaml"))
 
 
 def test_the_readme_tables_list_both_machines_and_every_ablation():
     machines = {c.machine for c in COMMANDS}
     assert machines == {"cpu", "gpu"}
     experiments = {o.split("=")[1] for c in COMMANDS for o in c.overrides if "experiment=" in o}
-    for name in ("grpo", "sequential", "anchoring_only", "gating_only", "no_tool_reward"):
-        assert name in experiments and f"demo_{name}" in experiments, name
+    # Every ablation of conf/ablation/ is shown at both scales.
+    pairs = {
+        (e.split("=")[1], a.split("=")[1])
+        for c in COMMANDS
+        for e in c.overrides
+        for a in c.overrides
+        if e.startswith("experiment=") and a.startswith("ablation=")
+    }
+    for name in ABLATIONS:
+        assert {("demo", name), ("paragrpo", name)} <= pairs, name
     assert "qwen2_5_vl" in experiments
 
 
@@ -124,17 +133,17 @@ def _compose(command: Command, tmp_path: Path):
 
 def _missing_experiment(command: Command) -> str | None:
     for override in command.overrides:
-        if override.startswith("experiment="):
-            name = override.split("=", 1)[1]
-            if not (ROOT / "conf" / "experiment" / f"{name}.yaml").exists():
-                return name
+        group, _, name = override.partition("=")
+        exists = (ROOT / "conf" / group / f"{name}.yaml").exists()
+        if group in ("experiment", "ablation") and not exists:
+            return f"{group}={name}"
     return None
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"{c.machine}:{c.text[:70]}")
 def test_each_command_composes_and_instantiates(command, tmp_path):
     missing = _missing_experiment(command)
-    assert missing is None, f"the README names experiment={missing}, which has no conf file"
+    assert missing is None, f"the README names {missing}, which has no conf file"
     cfg = _compose(command, tmp_path)
     spec = instantiate(cfg.model)
     assert spec.path == cfg.model.path
@@ -160,7 +169,7 @@ def test_each_cpu_training_command_runs_one_step(
     from train import check_inputs
 
     missing = _missing_experiment(command)
-    assert missing is None, f"the README names experiment={missing}, which has no conf file"
+    assert missing is None, f"the README names {missing}, which has no conf file"
     cfg = _compose(command, tmp_path)
     check_inputs(cfg)  # as written: the default artifact paths may be generated/built
     tiny = tiny_qwen25_dir if cfg.model.build_tiny == "qwen2_5_vl" else tiny_qwen3_dir

@@ -35,14 +35,16 @@ VIDEO_ERROR = "video_error"  # finish_reason of the empty trajectories of an und
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Agent settings (docs/method.md sections 2 and 6); crops are configured by `CropConfig`."""
+    """Agent settings (docs/method.md sections 2 and 6); crops are configured by `CropConfig`.
+
+    The defaults are conf/rollout/default.yaml's (a test compares them). The call cap per turn
+    is `CropConfig.max_calls_per_turn` (1: sequential dispatch), not a field here."""
 
     max_rounds: int = 3
     mode: str = "frames"
-    sequential: bool = False
     force_think: bool = True
-    max_new_tokens: int = 256
-    max_total_tokens: int = 8192
+    max_new_tokens: int = 2048
+    max_total_tokens: int = 32768
     subagent_max_tokens: int = 512
     overview_max_pixels: int = 50176
     forced_answer: str = prompts.FORCED_ANSWER
@@ -117,7 +119,8 @@ class AgentLoop:
         self.renderer = renderer
         self.source = source
         self.cfg = cfg
-        self.crop = crop or CropConfig(factor=renderer.frame_factor)
+        # The crop grid is the model's (patch x merge), read from its processor, never from YAML.
+        self.crop = replace(crop or CropConfig(), factor=renderer.frame_factor)
         self.executor = executor or ParallelToolExecutor(
             {"crop_video": CropVideoTool()}, source, self.crop
         )
@@ -246,7 +249,7 @@ class AgentLoop:
             body = body[: -len(self.end_of_turn)]
         text = st.prefix + body
         st.history.append({"role": "assistant", "content": text})
-        cap = 1 if self.cfg.sequential else self.crop.max_calls_per_turn
+        cap = self.crop.max_calls_per_turn  # the one call-cap knob (1: sequential dispatch)
         calls = () if st.forced or not self.cfg.tools else parse_tool_calls(text, max_calls=cap)
         st.turns.append(Turn(text=text, calls=calls, forced_answer=st.forced))
         if out.finish_reason != "stop":

@@ -57,8 +57,8 @@ class CropConfig:
     max_frames: int = 16
     max_pixels: int = 50176
     min_pixels: int = 784
-    factor: int = 32
-    max_calls_per_turn: int = 5
+    factor: int = 32  # the model's patch x merge; `AgentLoop` sets it from the processor
+    max_calls_per_turn: int = 5  # the one call-cap knob: 1 is sequential dispatch
     timeout_s: float = 30.0
     max_workers: int = 8
 

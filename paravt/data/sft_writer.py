@@ -120,12 +120,11 @@ def teacher_rows(
     renderer = ChatRenderer(processor)
     engine = ScriptedEngine(processor.tokenizer, needle_teacher(samples, strategy))
     source = VideoReader()
-    crop = CropConfig(factor=renderer.frame_factor)
-    loop = AgentLoop(engine, renderer, source, agent, crop)
+    loop = AgentLoop(engine, renderer, source, agent, CropConfig())
     ks = [budgets[i % len(budgets)] for i in range(len(samples))]
     trajs = loop.run(samples, ks, 1, SamplingParams(greedy=True))
     return [
-        trajectory_row(s, t, source, agent, crop)
+        trajectory_row(s, t, source, agent, loop.crop)
         for s, t in zip(samples, trajs, strict=True)
         if t.finish_reason == "stop" and not t.truncated
     ]

@@ -38,12 +38,6 @@ class EvalConfig:
         for name in ("num_frames", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.agent.sequential and self.crop.max_calls_per_turn != 1:
-            raise ValueError(
-                "EvalConfig: agent.sequential=true with crop.max_calls_per_turn="
-                f"{self.crop.max_calls_per_turn}; the call cap has one knob: set "
-                "crop.max_calls_per_turn=1 (mode=sequential) and leave agent.sequential false"
-            )
 
     def identity(self) -> dict[str, Any]:
         """What decides the predictions (batch size and tool timeout do not)."""
@@ -64,11 +58,6 @@ def agent_config(
     )
 
 
-def crop_config(cfg: EvalConfig, factor: int) -> CropConfig:
-    """The protocol's crop settings at the model's patch factor."""
-    return replace(cfg.crop, factor=factor)
-
-
 def build_agent_loop(
     engine,
     renderer,
@@ -78,6 +67,5 @@ def build_agent_loop(
     forced_answer_max_tokens: int | None = None,
 ) -> AgentLoop:
     """An `AgentLoop` set up for the protocol `cfg` and a benchmark's forced-answer message."""
-    crop = crop_config(cfg, renderer.frame_factor)
     agent = agent_config(cfg, forced_answer, forced_answer_max_tokens)
-    return AgentLoop(engine, renderer, source, agent, crop)
+    return AgentLoop(engine, renderer, source, agent, cfg.crop)

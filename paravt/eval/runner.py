@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from paravt.agent.loop import AgentLoop
 from paravt.eval.benchmarks import BENCHMARKS, Benchmark, EvalItem
 from paravt.eval.needle import needle
-from paravt.eval.protocol import EvalConfig, agent_config, build_agent_loop, crop_config
+from paravt.eval.protocol import EvalConfig, agent_config, build_agent_loop
 from paravt.eval.results import (
     METRICS,
     PREDICTIONS,
@@ -54,7 +54,6 @@ __all__ = [
     "EvalConfig",
     "agent_config",
     "build_agent_loop",
-    "crop_config",
     "format_metrics",
     "make_benchmark",
     "read_predictions",

@@ -44,7 +44,7 @@ class RolloutConfig:
 
     group_size: int = 8
     temperature: float = 0.7
-    default_budget: int = 8
+    default_budget: int = 64
     max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
@@ -103,8 +103,9 @@ class RolloutDataModule(PromptDataModule):
             )
         self.engine = self._build_engine(module)
         renderer = ChatRenderer(module.processor)
-        crop = self.rollout.crop or CropConfig(factor=renderer.frame_factor)
-        self.agent = AgentLoop(self.engine, renderer, VideoReader(), self.rollout.agent, crop)
+        self.agent = AgentLoop(
+            self.engine, renderer, VideoReader(), self.rollout.agent, self.rollout.crop
+        )
         return self.agent
 
     def _build_engine(self, module: RolloutPolicy) -> RolloutEngine:

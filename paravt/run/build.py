@@ -194,7 +194,9 @@ def summary(
 ) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards, and
     the wall time of `Trainer.fit` (RL with its held-out evaluations) and of the whole run."""
-    lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
+    lines = [
+        f"== paravt run '{cfg.get('run_name', cfg.name)}' ({run.trainer.global_step} RL steps) =="
+    ]
     if cfg.get("ckpt_path"):
         step = getattr(run.module, "resumed_step", None)
         at = f" at step {step}" if step is not None else ""

@@ -110,7 +110,7 @@ def teacher_trajectories(
     desc = f"cold start: teacher tracing of {len(samples)} prompts, batch"
     for batch in track(batches, desc=desc):
         part = [samples[i] for i in batch]
-        per_turn = 1 if agent.cfg.sequential else None
+        per_turn = agent.crop.max_calls_per_turn  # the loop's cap: 1 is sequential dispatch
         respond = needle_teacher(part, cfg.strategy, plan, per_turn)
         engine = ScriptedEngine(agent.tokenizer, respond)
         teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)

@@ -19,11 +19,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from paravt.agent.loop import MODES, AgentConfig
 from paravt.agent.prompts import format_times
+from paravt.agent.tools import CropConfig
 from paravt.rewards.accuracy import extract_answer
 from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory, Turn
 
 PROG = "paravt rollout"
+# conf/rollout/default.yaml's `default_budget` and `temperature` (RolloutConfig's defaults; its
+# module imports Lightning, which this command does not need).
+DEFAULT_BUDGET = 64
+TEMPERATURE = 0.7
 # Characters of a decoded run shown by --show-tokens before the middle is cut out.
 _RUN_CHARS = 240
 # A special token repeated back to back (the hundreds of <|video_pad|> of a clip) shows once.
@@ -192,13 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="RL prompt file (.parquet, .jsonl, .json)")
     p.add_argument("--num", type=int, default=2, help="samples to run (default 2)")
     p.add_argument("--group", type=int, default=2, help="rollouts per sample, G (default 2)")
-    p.add_argument("--budget", type=int, default=8, help="overview frames K (default 8)")
-    p.add_argument("--rounds", type=int, default=3, help="max tool rounds (default 3)")
-    p.add_argument("--mode", choices=("frames", "subagent"), default="frames")
-    p.add_argument("--sequential", action="store_true", help="one call per turn")
-    p.add_argument("--temperature", type=float, default=0.7)
+    # The agent protocol's defaults are training's (conf/rollout/default.yaml = the dataclasses).
+    agent, crop = AgentConfig(), CropConfig()
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="overview frames K")
+    p.add_argument("--rounds", type=int, default=agent.max_rounds, help="max tool rounds")
+    p.add_argument("--mode", choices=MODES, default=agent.mode)
+    p.add_argument(
+        "--max-calls-per-turn",
+        type=int,
+        default=crop.max_calls_per_turn,
+        help="calls kept per turn (1: sequential dispatch)",
+    )
+    p.add_argument("--temperature", type=float, default=TEMPERATURE)
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (default 256)")
+    p.add_argument("--max-new-tokens", type=int, default=agent.max_new_tokens, help="per turn")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout engine")
     p.add_argument("--show-tokens", action="store_true", help="decode every mask run")
@@ -206,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("num", "group", "budget", "max_new_tokens"):
+    for name in ("num", "group", "budget", "max_new_tokens", "max_calls_per_turn"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             raise _UsageError(f"{flag} must be >= 1 (got {getattr(args, name)})")
@@ -249,7 +262,7 @@ def _load_model(path: str):
 
 def _run(args: argparse.Namespace) -> list[str]:
     """Load, roll out once for all num x group trajectories, format each one."""
-    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.rewards.compose import trajectory_reward
     from paravt.rollout.engine import SamplingParams
@@ -268,14 +281,10 @@ def _run(args: argparse.Namespace) -> list[str]:
     except ValueError as err:
         raise _UsageError(str(err)) from err
     model, processor = _load_model(args.model)
-    cfg = AgentConfig(
-        max_rounds=args.rounds,
-        mode=args.mode,
-        sequential=args.sequential,
-        max_new_tokens=args.max_new_tokens,
-    )
+    cfg = AgentConfig(max_rounds=args.rounds, mode=args.mode, max_new_tokens=args.max_new_tokens)
+    crop = CropConfig(max_calls_per_turn=args.max_calls_per_turn)
     engine = build_engine(args.engine, model, processor, model_path=args.model)
-    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg, crop)
     try:
         trajs = loop.run(samples, [args.budget] * len(samples), args.group, params)
     except VideoError as err:

@@ -74,7 +74,8 @@ def test_calls_beyond_the_cap_are_refused(processor, needle_samples):
 
 def test_sequential_mode_keeps_one_call_per_turn(processor, needle_samples):
     turn = "x</think>\n" + call_text(1, 5) + call_text(10, 15)
-    loop = scripted_loop(processor, turn, cfg=AgentConfig(sequential=True))
+    crop = CropConfig(max_calls_per_turn=1)  # the one call-cap knob
+    loop = scripted_loop(processor, turn, crop=crop)
     (traj,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
     assert [r.ok for r in traj.turns[0].results] == [True, False]
 

@@ -15,6 +15,7 @@ from paravt.run.build import build_callbacks, build_run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+ABLATIONS = sorted(p.stem for p in (ROOT / "conf" / "ablation").glob("*.yaml"))
 # Scale any experiment down to a tiny CPU run on the session's tiny model and needle data.
 CPU_SCALE = [
     "model=tiny_qwen3",
@@ -62,10 +63,15 @@ def train(tmp_path, tiny_dir, needle_dir, *extra, ckpt_path=None):
     return cfg, run
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_composes_and_instantiates(name, tmp_path):
-    cfg = compose_cfg([f"experiment={name}", f"run_dir={tmp_path}"])
+@pytest.mark.parametrize(
+    ("name", "ablation"),
+    [(e, None) for e in EXPERIMENTS] + [(s, a) for s in ("demo", "paragrpo") for a in ABLATIONS],
+)
+def test_every_experiment_composes_and_instantiates(name, ablation, tmp_path):
+    extra = [f"ablation={ablation}"] if ablation else []
+    cfg = compose_cfg([f"experiment={name}", *extra, f"run_dir={tmp_path}"])
     assert cfg.name == name
+    assert cfg.run_name == (f"{name}_{ablation}" if ablation else name)
     for group in ("model", "rollout", "algorithm", "reward", "data", "logger"):
         assert instantiate(cfg[group]) is not None, group
     assert callable(instantiate(cfg.optimizer))
@@ -84,10 +90,11 @@ def test_paper_recipe_values_reach_the_objects(tmp_path):
     assert (rollout.group_size, rollout.temperature, cfg.data.batch_size) == (8, 0.7, 7)
     assert (algo.kl_coef, algo.kl_estimator, algo.advantage.shaping) == (0.01, "k1", True)
     assert rollout.agent.max_new_tokens == 2048 and rollout.crop.max_calls_per_turn == 5
-    seq = instantiate(compose_cfg(["experiment=sequential", f"run_dir={tmp_path}"]).rollout)
-    assert seq.agent.sequential
-    grpo = compose_cfg(["experiment=grpo", f"run_dir={tmp_path}"])
+    seq = instantiate(compose_cfg(["experiment=paragrpo", "ablation=sequential"]).rollout)
+    assert seq.crop.max_calls_per_turn == 1 and seq.agent.max_rounds == 3
+    grpo = compose_cfg(["experiment=paragrpo", "ablation=grpo", f"run_dir={tmp_path}"])
     assert grpo.callbacks.frame_budget is None and grpo.algorithm.anchor_coef == 0.0
+    assert grpo.run_name == "paragrpo_grpo" and grpo.data.batch_size == 7  # the paper's scale
 
 
 def test_a_wrong_config_key_is_named(tmp_path):
@@ -96,12 +103,12 @@ def test_a_wrong_config_key_is_named(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["demo", "paragrpo", "grpo"])
+@pytest.mark.parametrize("name", ["demo", "paragrpo", "paragrpo ablation=grpo"])
 def test_two_step_runs_train_the_policy_not_the_vision_tower(
     name, tmp_path, tiny_qwen3_dir, needle_dir
 ):
-    scale = [o for o in CPU_SCALE if name != "grpo" or "frame_budget" not in o]
-    overrides = [f"experiment={name}", *scale]
+    scale = [o for o in CPU_SCALE if "ablation" not in name or "frame_budget" not in o]
+    overrides = [*f"experiment={name}".split(), *scale]
     run = build_run(compose_cfg(overrides + local_paths(tmp_path, tiny_qwen3_dir, needle_dir)))
     before = {k: v.clone() for k, v in run.module.policy.state_dict().items()}
     run.trainer.fit(run.module, datamodule=run.datamodule)
