@@ -133,7 +133,6 @@ class GRPOModule(pl.LightningModule):
         self.policy_version = 0  # optimiser updates applied to the policy
         self.last_rollout: RolloutRecord | None = None
         self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
-        self._temperature = 1.0  # the current batch's sampling temperature
         self._reference_kl = 0.0
         self.resumed_step: int | None = None  # the checkpoint's global step after a resume
 
@@ -175,18 +174,18 @@ class GRPOModule(pl.LightningModule):
             )
         timer = PhaseTimer()
         trajs = list(batch.trajectories)
-        self._temperature = batch.temperature
+        temp = batch.temperature  # every log-prob of the step is at the sampling temperature
         with timer("reward"):
             pairs = zip(trajs, batch.repeated_samples(), strict=True)
             rewards = [self.score(t, s) for t, s in pairs]
         with timer("logprobs"):
-            totals = self._rewards_with_kl(trajs, rewards)
+            totals = self._rewards_with_kl(trajs, rewards, temp)
         adv = compute_advantages(
             totals.view(len(batch.samples), batch.group_size), self.algo.advantage
         )
         with timer("update"):
             formed = [is_well_formed(r) for r in rewards]
-            update = self._update(trajs, adv.values, adv.keep, formed)
+            update = self._update(trajs, adv.values, adv.keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
         metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
@@ -207,7 +206,7 @@ class GRPOModule(pl.LightningModule):
     def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
         return trajectory_reward(traj, sample, self.reward_weights)
 
-    def _rewards_with_kl(self, trajs, rewards) -> torch.Tensor:
+    def _rewards_with_kl(self, trajs, rewards, temperature: float) -> torch.Tensor:
         """R - kl_coef * KL(sampling policy || reference) per rollout (reward-side KL).
 
         The sampling policy's log-probs are the behaviour log-probs the engine returned, so only
@@ -219,7 +218,7 @@ class GRPOModule(pl.LightningModule):
         kls = []
         with torch.no_grad():
             for mb in pad_micro_batches(self._chunks(trajs)):
-                ref, batch, _ = self._logp(self.reference, self._rows(trajs, mb))
+                ref, batch, _ = self._logp(self.reference, self._rows(trajs, mb), temperature)
                 if mb.dummy:  # only keeps the sharded reference's collectives in step
                     continue
                 behaviour = batch.old_logp.to(ref.device)
@@ -231,13 +230,13 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
-    def _logp(self, model, trajs, logits: bool = False):
-        return trajectory_logprobs(
-            model, trajs, self.token_ids, self._temperature, return_logits=logits
-        )
+    def _logp(self, model, trajs, temperature: float, logits: bool = False):
+        return trajectory_logprobs(model, trajs, self.token_ids, temperature, return_logits=logits)
 
     # ---- the update -------------------------------------------------------------------------
-    def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor, formed) -> dict[str, float]:
+    def _update(
+        self, trajs, adv: torch.Tensor, keep: torch.Tensor, formed, temperature: float
+    ) -> dict[str, float]:
         """PPO epochs x mini-batches of optimiser steps over the kept (trajectory, advantage,
         well-formed) items; sub-agent rollouts join with their main trajectory's advantage."""
         rows = zip(trajs, adv.tolist(), keep.tolist(), formed, strict=True)
@@ -245,7 +244,7 @@ class GRPOModule(pl.LightningModule):
         if self.algo.train_subagents:
             # docs/method.md pitfall 4; sub-agent text has no structural tags to anchor.
             items += [(s, a, False) for t, a, _ in list(items) for s in t.sub_trajectories]
-        prox = self._proximal_logprobs([t for t, _, _ in items])
+        prox = self._proximal_logprobs([t for t, _, _ in items], temperature)
         opt = self.optimizers()
         sums: dict[str, float] = {}
         updates = self.algo.ppo_epochs * self.algo.ppo_mini_batches
@@ -254,7 +253,8 @@ class GRPOModule(pl.LightningModule):
         minis = split_even(list(range(len(items))), self.algo.ppo_mini_batches) or [[]]
         for _ in range(self.algo.ppo_epochs):
             for mini in minis:
-                self._mini_step([items[i] for i in mini], [prox[i] for i in mini], sums, updates)
+                chosen = [items[i] for i in mini]
+                self._mini_step(chosen, [prox[i] for i in mini], sums, updates, temperature)
                 sums["grad_norm"] = grad_norm(self.policy)  # before clipping
                 self.clip_gradients(opt, gradient_clip_val=self.algo.max_grad_norm)
                 opt.step()
@@ -265,14 +265,14 @@ class GRPOModule(pl.LightningModule):
         sums["update/trajectories"] = float(len(items))
         return sums
 
-    def _proximal_logprobs(self, trajs) -> list[torch.Tensor | None]:
+    def _proximal_logprobs(self, trajs, temperature: float) -> list[torch.Tensor | None]:
         """pi_prox for the decoupled loss: the policy before this update, one pass, no grad."""
         if self.algo.loss != "decoupled_ppo":
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
             for mb in pad_micro_batches(self._chunks(trajs)):
-                logp, _, _ = self._logp(self.policy, self._rows(trajs, mb))
+                logp, _, _ = self._logp(self.policy, self._rows(trajs, mb), temperature)
                 if mb.dummy:
                     continue
                 for row, i in enumerate(mb.indices):
@@ -290,7 +290,9 @@ class GRPOModule(pl.LightningModule):
             return [trajs[i] for i in mb.indices]
         return [filler_trajectory(self.processor.tokenizer.pad_token_id)]
 
-    def _mini_step(self, items, prox, sums: dict[str, float], updates: int) -> None:
+    def _mini_step(
+        self, items, prox, sums: dict[str, float], updates: int, temperature: float
+    ) -> None:
         # Each loss term of a micro-batch is weighted by its share of that term's divisor over
         # the GLOBAL mini-batch (all ranks; paravt.rl.microbatch), times the world size that
         # FSDP's gradient average divides by, so the accumulated gradient is the mini-batch's
@@ -307,19 +309,22 @@ class GRPOModule(pl.LightningModule):
         for i, mb in enumerate(pad_micro_batches(chunks)):
             chosen = self._rows(trajs, mb)
             if mb.dummy:  # a zero-weight pass: the other ranks still have micro-batches to run
-                self._micro_step([(t, 0.0, False) for t in chosen], [None], ZERO_WEIGHTS)
+                dummy = [(t, 0.0, False) for t in chosen]
+                self._micro_step(dummy, [None], ZERO_WEIGHTS, temperature)
                 continue
             mb_items = [items[j] for j in mb.indices]
             weight = sum(t.num_trained_tokens for t in chosen) / total
-            metrics = self._micro_step(mb_items, [prox[j] for j in mb.indices], plan[i])
+            metrics = self._micro_step(
+                mb_items, [prox[j] for j in mb.indices], plan[i], temperature
+            )
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
-    def _micro_step(self, mb, prox, weights: MicroWeights) -> dict[str, float]:
+    def _micro_step(self, mb, prox, weights: MicroWeights, temperature: float) -> dict[str, float]:
         """Forward passes for one micro-batch, `micro_objective` (paravt.rl.objective), backward."""
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
-        logp, batch, logits = self._logp(self.policy, trajs, logits=True)
+        logp, batch, logits = self._logp(self.policy, trajs, temperature, logits=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
@@ -331,7 +336,7 @@ class GRPOModule(pl.LightningModule):
             structural = structural_mask(ids, mask, self.struct_ids, formed.to(logp.device))
         if self.reference is not None and not self.algo.kl_in_reward:
             with torch.no_grad():
-                reference = self._logp(self.reference, trajs)[0].to(logp.device)
+                reference = self._logp(self.reference, trajs, temperature)[0].to(logp.device)
         terms = MicroBatchTerms(
             logp=logp,
             proximal=proximal,

@@ -43,7 +43,7 @@ def on_policy(module, trajs):
     """The trajectories with the policy's own log-probs as behaviour (ratios 1), made ragged:
     row 1 trains nothing, row 2 only its first 40 response tokens."""
     with torch.no_grad():
-        logp, _, _ = module._logp(module.policy, trajs)
+        logp, _, _ = module._logp(module.policy, trajs, 1.0)
     out = []
     for i, t in enumerate(trajs):
         cap = {1: 0, 2: 40}.get(i, len(t.loss_mask))
@@ -80,7 +80,8 @@ class MicroBatchProbe(pl.Callback):
                     )
                     self.chunks[budget] = len(module._chunks(trajs))
                     module.policy.zero_grad(set_to_none=True)
-                    module._mini_step(items, module._proximal_logprobs(trajs), {}, 1)
+                    prox = module._proximal_logprobs(trajs, 1.0)
+                    module._mini_step(items, prox, {}, 1, 1.0)
                     self.grads[agg, loss, budget] = {
                         n: p.grad.detach().clone()
                         for n, p in module.policy.named_parameters()
