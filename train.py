@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> float | None:
             return run_sft(cfg)
         check_inputs(cfg)
         run = build_run(cfg)
-        maybe_cold_start(cfg, run)
+        run = maybe_cold_start(cfg, run)  # keeps the cold start's result for the summary
         fit_started = time.perf_counter()
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
         fit_seconds = time.perf_counter() - fit_started

@@ -14,7 +14,7 @@ layer (pure core and glue) can depend on it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -175,3 +175,23 @@ class RewardBreakdown:
     tool: float = 0.0
     degenerate: bool = False
     components: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentRun(Sequence):
+    """What one `AgentLoop.run` produced and measured: the N trajectories (group-major; the
+    object is a sequence of them), the samples whose video failed (id -> error text, which names
+    the file) and seconds per phase (prompt, generate, tools, subagent)."""
+
+    trajectories: tuple[Trajectory, ...]
+    video_errors: Mapping[str, str] = field(default_factory=dict)
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __getitem__(self, index):
+        return self.trajectories[index]
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(self.trajectories)

@@ -187,7 +187,7 @@ def test_each_cpu_training_command_runs_one_step(
             if OmegaConf.select(cfg, key, default="<absent>") != "<absent>":
                 OmegaConf.update(cfg, key, value, merge=False)
     run = build_run(cfg)
-    maybe_cold_start(cfg, run)
+    run = maybe_cold_start(cfg, run)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == 1
     assert "reward" in run.trainer.callback_metrics

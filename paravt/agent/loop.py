@@ -26,7 +26,16 @@ from paravt.agent.render import ChatRenderer, Segment
 from paravt.agent.tools import CropConfig, ParallelToolExecutor
 from paravt.errors import VideoError
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
-from paravt.types import Frames, ParsedCall, Sample, ToolResult, Trajectory, Turn, Visual
+from paravt.types import (
+    AgentRun,
+    Frames,
+    ParsedCall,
+    Sample,
+    ToolResult,
+    Trajectory,
+    Turn,
+    Visual,
+)
 from paravt.video.sampling import overview_indices
 
 MODES = ("frames", "subagent")
@@ -126,8 +135,6 @@ class AgentLoop:
         )
         self.tokenizer = renderer.tokenizer
         self.end_of_turn = renderer.end_of_turn
-        self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, last run()
-        self.video_errors: dict[str, str] = {}  # sample id -> VideoError text, last run()
 
     # ---- public -------------------------------------------------------------------------
     def run(
@@ -137,24 +144,25 @@ class AgentLoop:
         group_size: int,
         params: SamplingParams,
         skip_bad_videos: bool = False,
-    ) -> list[Trajectory]:
-        """N = len(samples) * group_size trajectories, grouped by sample (group-major order).
+    ) -> AgentRun:
+        """N = len(samples) * group_size trajectories, grouped by sample (group-major order),
+        with what the run measured (an `AgentRun`, itself a sequence of the trajectories).
 
         A video that fails to decode raises `VideoError`, unless `skip_bad_videos`: then each of
-        that sample's G trajectories is empty with finish_reason `VIDEO_ERROR`, and
-        `self.video_errors` maps its id to the error (which names the file).
+        that sample's G trajectories is empty with finish_reason `VIDEO_ERROR`, and the result's
+        `video_errors` maps its id to the error (which names the file).
         """
         if len(budgets) != len(samples):
             raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
-        self.timings.clear()
-        self.video_errors = {}
+        timings: dict[str, float] = defaultdict(float)  # seconds per phase
+        errors: dict[str, str] = {}
         t0 = time.perf_counter()
         groups = [
-            self._start_group(s, k, group_size, skip_bad_videos)
+            self._start_group(s, k, group_size, skip_bad_videos, errors)
             for s, k in zip(samples, budgets, strict=True)
         ]
         states = [st for group in groups for st in group if isinstance(st, _State)]
-        self.timings["prompt"] += time.perf_counter() - t0
+        timings["prompt"] += time.perf_counter() - t0
         turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
         for round_index in range(self.cfg.max_rounds + 1):
             active = [st for st in states if not st.done and self._fits(st)]
@@ -162,19 +170,25 @@ class AgentLoop:
                 break
             t0 = time.perf_counter()
             outputs = self._generate(active, turn_params)
-            self.timings["generate"] += time.perf_counter() - t0
+            timings["generate"] += time.perf_counter() - t0
             with_calls = [
                 (st, calls)
                 for st, out in zip(active, outputs, strict=True)
                 if (calls := self._take_turn(st, out[0], round_index))
             ]
-            self._run_tools(with_calls, round_index, params)
-        return [
+            self._run_tools(with_calls, round_index, params, timings)
+        trajs = tuple(
             self._finish(st) if isinstance(st, _State) else st for group in groups for st in group
-        ]
+        )
+        return AgentRun(trajs, errors, dict(timings))
 
     def _start_group(
-        self, sample: Sample, budget: int, group_size: int, skip_bad_videos: bool
+        self,
+        sample: Sample,
+        budget: int,
+        group_size: int,
+        skip_bad_videos: bool,
+        errors: dict[str, str],
     ) -> list[_State] | list[Trajectory]:
         """The G starting states of `sample`, or G empty trajectories when its video fails."""
         try:
@@ -182,7 +196,7 @@ class AgentLoop:
         except VideoError as error:
             if not skip_bad_videos:
                 raise
-            self.video_errors[sample.id] = str(error)
+            errors[sample.id] = str(error)
             return [_video_error(sample, g, budget) for g in range(group_size)]
 
     # ---- phases -------------------------------------------------------------------------
@@ -265,6 +279,7 @@ class AgentLoop:
         with_calls: Sequence[tuple[_State, tuple[ParsedCall, ...]]],
         round_index: int,
         params: SamplingParams,
+        timings: dict[str, float],
     ) -> None:
         if not with_calls:
             return
@@ -274,11 +289,11 @@ class AgentLoop:
             return
         t0 = time.perf_counter()
         results = self.executor.run_many([(calls, st.sample.video) for st, calls in with_calls])
-        self.timings["tools"] += time.perf_counter() - t0
+        timings["tools"] += time.perf_counter() - t0
         if self.cfg.mode == "subagent":
             t0 = time.perf_counter()
             results = self._summarise(with_calls, results, params)
-            self.timings["subagent"] += time.perf_counter() - t0
+            timings["subagent"] += time.perf_counter() - t0
         last_round = round_index + 1 >= self.cfg.max_rounds
         for (st, _), res in zip(with_calls, results, strict=True):
             st.turns[-1] = replace(st.turns[-1], results=res)

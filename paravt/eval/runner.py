@@ -25,6 +25,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentLoop
 from paravt.eval.benchmarks import BENCHMARKS, Benchmark, EvalItem
 from paravt.eval.needle import needle
@@ -115,7 +116,8 @@ def _run_batch(
 ) -> list[dict[str, Any]]:
     params = SamplingParams(greedy=True, max_new_tokens=cfg.agent.max_new_tokens, seed=cfg.seed)
     try:
-        trajs = loop.run([i.sample for i in batch], [cfg.num_frames] * len(batch), 1, params)
+        samples = [i.sample for i in batch]
+        trajs = greedy_rollouts(loop, samples, [cfg.num_frames] * len(batch), params=params)
     except VideoError as error:
         if fail_fast:
             raise

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
@@ -31,7 +32,7 @@ from paravt.parallel.distributed import is_sharded
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
 from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
-from paravt.types import Sample, Trajectory
+from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
 
 log = logging.getLogger(__name__)
@@ -164,12 +165,15 @@ class RolloutDataModule(PromptDataModule):
         version = self.engine.weight_version
         params = SamplingParams(temperature=cfg.temperature, seed=self.seed * 100_003 + batch.step)
         t0 = time.perf_counter()
-        trajs = self._run(agent, samples, budgets, params)
-        if agent.video_errors:
-            samples, budgets, trajs = self._drop_bad(batch.step, samples, budgets, trajs, skipped)
+        result = self._run(agent, samples, budgets, params)
+        trajs = list(result)
+        if result.video_errors:
+            samples, budgets, trajs = self._drop_bad(
+                batch.step, samples, budgets, trajs, skipped, result.video_errors
+            )
         self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
-        timings |= {f"rollout_{k}": v for k, v in agent.timings.items()}
+        timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
         self.rollout_versions.append((batch.step, version))
         self.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
         self.consumed = batch.step + 1
@@ -189,7 +193,7 @@ class RolloutDataModule(PromptDataModule):
             counts=self.skip_counts(),
         )
 
-    def _run(self, agent: AgentLoop, samples, budgets, params) -> list[Trajectory]:
+    def _run(self, agent: AgentLoop, samples, budgets, params) -> AgentRun:
         try:
             return agent.run(
                 samples,
@@ -203,9 +207,9 @@ class RolloutDataModule(PromptDataModule):
                 f"{error} (data.fail_fast=true stops here; set it to false to skip such prompts)"
             ) from error
 
-    def _drop_bad(self, step: int, samples, budgets, trajs, skipped: list) -> tuple:
+    def _drop_bad(self, step: int, samples, budgets, trajs, skipped: list, errors) -> tuple:
         """Remove the groups whose video failed; remember the videos and log each one once."""
-        g, errors = self.rollout.group_size, self.agent.video_errors
+        g = self.rollout.group_size
         for s in samples:
             if s.id in errors:
                 self.bad_videos[s.video] = errors[s.id]
@@ -251,14 +255,23 @@ class RolloutDataModule(PromptDataModule):
     def evaluate(
         self, module: RolloutPolicy, samples: Sequence[Sample], greedy: bool = True
     ) -> list[Trajectory]:
-        """One trajectory per sample with the module's current weights (held-out evaluation)."""
+        """One trajectory per sample with the module's current weights (held-out evaluation,
+        `paravt.agent.greedy.greedy_rollouts`: the engine is synced first)."""
         agent = self.connect(module)
-        self.sync(module, 0)
         budgets = [self.rollout.default_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
-        trajs = agent.run(samples, budgets, 1, params, skip_bad_videos=not self.fail_fast)
+        run = greedy_rollouts(
+            agent,
+            samples,
+            budgets,
+            module.policy,
+            module.policy_version,
+            params,
+            skip_bad_videos=not self.fail_fast,
+        )
+        errors = run.video_errors
         for s in samples:  # an undecodable held-out video is scored as no answer, and counted
-            if s.id in agent.video_errors and s.video not in self.eval_video_errors:
-                self.eval_video_errors[s.video] = agent.video_errors[s.id]
-                log.warning("held-out sample %r scored wrong: %s", s.id, agent.video_errors[s.id])
-        return trajs
+            if s.id in errors and s.video not in self.eval_video_errors:
+                self.eval_video_errors[s.video] = errors[s.id]
+                log.warning("held-out sample %r scored wrong: %s", s.id, errors[s.id])
+        return list(run)

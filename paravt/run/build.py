@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hydra.utils import instantiate
@@ -26,9 +26,12 @@ _EXPECTED_WARNINGS = (
 
 @dataclass(frozen=True)
 class Run:
+    """The assembled run; `cold_start` holds the cold start's result once it ran."""
+
     trainer: Any
     module: Any
     datamodule: Any
+    cold_start: Any = None  # paravt.run.coldstart.ColdStartResult
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -80,10 +83,11 @@ def build_run(cfg: DictConfig) -> Run:
     return Run(trainer=trainer, module=module, datamodule=datamodule)
 
 
-def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
-    """Supervised steps on teacher trajectories before RL, unless resuming or not configured."""
+def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
+    """Supervised steps on teacher trajectories before RL, unless resuming or not configured:
+    the run with the cold start's result kept (`run.cold_start`), or `run` unchanged."""
     if cfg.get("cold_start") is None or cfg.get("ckpt_path"):
-        return []
+        return run
     if shards_model(run.trainer):
         from paravt.errors import UserError
 
@@ -98,51 +102,46 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
     run.datamodule.setup("fit")
     dm = run.datamodule
     agent = dm.connect(run.module)
-    losses = cold_start(
+    result = cold_start(
         run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
-    )
-    run.module.cold_start_losses = losses
-    # An engine with its own weights (vLLM, or a stale-allowed copy) must see the new policy.
-    run.datamodule.engine.sync_weights(run.module.policy, run.module.policy_version)
-    return losses
+    )  # it syncs the engine with the new weights before measuring anything
+    return replace(run, cold_start=result)
 
 
-def _cold_start_lines(module) -> list[str]:
-    losses = getattr(module, "cold_start_losses", [])
-    if not losses:
+def _cold_start_lines(result) -> list[str]:
+    if result is None or not result.losses:
         return []
+    losses = result.losses
     lines = [f"cold start: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({len(losses)} steps)"]
-    lines += getattr(module, "cold_start_notes", [])
-    report = getattr(module, "cold_start_report", None)
+    lines += list(result.notes)
     for split in ("train", "held-out"):
-        rows = [r for r in getattr(report, "answer", []) if r[1] == split]
+        rows = [r for r in result.report.answer if r[1] == split]
         if rows:
             (_, _, l0, a0), (_, _, l1, a1) = rows[0], rows[-1]
             lines.append(
                 f"cold start answer tokens ({split}, teacher-forced): loss {l0:.3f} -> {l1:.3f}, "
                 f"accuracy {a0:.3f} -> {a1:.3f}"
             )
-    seconds = getattr(module, "cold_start_seconds", None)
-    if seconds is not None:
-        lines.append(f"wall time: cold start {seconds:.0f} s")
+    lines.append(f"wall time: cold start {result.seconds:.0f} s")
     return lines
 
 
-def _before_after_lines(module, agent) -> list[str]:
-    """Per-budget held-out table: after the cold start vs now (the same samples, greedy)."""
-    before = getattr(module, "budget_before", None)
-    if not before:
+def _before_after_lines(module, agent, cold) -> list[str]:
+    """Per-budget held-out table: after the cold start vs now (the same samples, greedy; the
+    engine is synced to the final weights first, `budget_eval`)."""
+    if cold is None or not cold.budget_before:
         return []
     import time
 
     from paravt.run.report import before_after_table, budget_eval, gain_line
 
     t0 = time.perf_counter()
-    after = budget_eval(module, agent, module.report_samples, module.report_budgets)
+    before = list(cold.budget_before)
+    after = budget_eval(module, agent, cold.report_samples, cold.report_budgets)
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
     lines.append(gain_line(before, after))
-    seconds = time.perf_counter() - t0 + getattr(module, "report_seconds", 0.0)
+    seconds = time.perf_counter() - t0 + cold.report_seconds
     lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
     return lines
 
@@ -201,7 +200,7 @@ def summary(
         step = getattr(run.module, "resumed_step", None)
         at = f" at step {step}" if step is not None else ""
         lines.append(f"resumed from {run.trainer.ckpt_path or cfg.ckpt_path}{at}")
-    lines += _cold_start_lines(run.module)
+    lines += _cold_start_lines(run.cold_start)
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
@@ -218,7 +217,7 @@ def summary(
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
-    lines += _before_after_lines(run.module, run.datamodule.agent)
+    lines += _before_after_lines(run.module, run.datamodule.agent, run.cold_start)
     lines += _skip_lines(run.datamodule, run.trainer.callback_metrics)
     if fit_seconds is not None:
         steps = run.trainer.global_step - (getattr(run.module, "resumed_step", None) or 0)

@@ -29,6 +29,7 @@ from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
+from paravt.run.report import BudgetResult, budget_eval
 from paravt.types import Sample, Trajectory
 
 log = logging.getLogger(__name__)
@@ -222,24 +223,37 @@ def _vision_trainable(model, on: bool) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+@dataclass(frozen=True)
+class ColdStartResult:
+    """What the cold start did and measured, kept by the run (`Run.cold_start`) for its summary."""
+
+    losses: tuple[float, ...]  # every SFT step's loss
+    notes: tuple[str, ...]  # the teacher's summary lines
+    report: ColdStartReport  # answer-token loss / accuracy on train and held-out
+    seconds: float  # wall time of the cold start (teacher tracing + SFT)
+    # The greedy held-out figures per frame budget right after it (the "before" of the run's
+    # before/after table), on these samples and budgets, and the seconds they took.
+    report_samples: tuple[Sample, ...] = ()
+    report_budgets: tuple[int, ...] = ()
+    budget_before: tuple[BudgetResult, ...] = ()
+    report_seconds: float = 0.0
+
+
 def cold_start(
     module,
     samples: Sequence[Sample],
     cfg: ColdStartConfig,
     agent: AgentLoop,
     held_out: Sequence[Sample] = (),
-) -> list[float]:
+) -> ColdStartResult:
     """Fit `module.policy` to the teacher's trajectories (rendered and cropped by `agent`'s
-    renderer, reader and tools); returns the loss of every step.
-
-    The full report (answer-token loss/accuracy on train and `held_out`) is left on
-    `module.cold_start_report`.
-    """
+    renderer, reader and tools), give `agent`'s engine the new weights, and measure the
+    held-out figures per frame budget with them."""
     t0 = time.perf_counter()
     trajs = teacher_trajectories(agent, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
-    module.cold_start_notes = [teacher_summary(samples, cfg, trajs)]
+    notes = (teacher_summary(samples, cfg, trajs),)
     reading = replace(cfg, teacher_mix={})  # held-out: how well the crops are read
     eval_trajs = teacher_trajectories(agent, list(held_out)[: cfg.eval_limit], reading)
     first = []
@@ -248,17 +262,23 @@ def cold_start(
     sft = sft_stage(module.policy, module.processor, cfg)
     with _vision_trainable(module.policy, cfg.train_vision):
         report = fit(sft, trajs, cfg, eval_trajs, first)
-    module.cold_start_report = report
-    module.cold_start_seconds = time.perf_counter() - t0
-    if cfg.report_budgets and held_out:
-        from paravt.run.report import budget_eval
-
-        t1 = time.perf_counter()
-        module.report_samples = list(held_out)[: cfg.report_limit]
-        module.report_budgets = tuple(cfg.report_budgets)
-        module.budget_before = budget_eval(module, agent, module.report_samples, cfg.report_budgets)
-        module.report_seconds = time.perf_counter() - t1
+    seconds = time.perf_counter() - t0
+    # The weights changed under the same policy version: an engine with weights of its own
+    # (vLLM, a stale-allowed copy) must get them before anything is measured with it.
+    agent.engine.sync_weights(module.policy, module.policy_version)
     module.reset_reference()
+    result = ColdStartResult(tuple(report.losses), notes, report, seconds)
+    if cfg.report_budgets and held_out:
+        t1 = time.perf_counter()
+        chosen = tuple(list(held_out)[: cfg.report_limit])
+        before = budget_eval(module, agent, chosen, cfg.report_budgets)
+        result = replace(
+            result,
+            report_samples=chosen,
+            report_budgets=tuple(cfg.report_budgets),
+            budget_before=tuple(before),
+            report_seconds=time.perf_counter() - t1,
+        )
     losses = report.losses
     log.info("cold start: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
-    return losses
+    return result

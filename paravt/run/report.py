@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from paravt.agent.greedy import greedy_rollouts
 from paravt.rl.metrics import format_compliance
 from paravt.rollout.engine import SamplingParams
 from paravt.types import Sample
@@ -36,13 +37,20 @@ class BudgetResult:
 def budget_eval(
     module, agent, samples: Sequence[Sample], budgets: Sequence[int]
 ) -> list[BudgetResult]:
-    """Run `agent` (on `module.policy`) greedily on `samples` at every budget; score them with
-    `module.score`."""
+    """Run `agent` greedily on `samples` at every budget with `module.policy`'s current weights
+    (the engine is synced first: `greedy_rollouts`); score them with `module.score`."""
     out = []
     was_training = module.policy.training
     module.policy.eval()
     for k in budgets:
-        trajs = agent.run(list(samples), [k] * len(samples), 1, SamplingParams(greedy=True))
+        trajs = greedy_rollouts(
+            agent,
+            samples,
+            [k] * len(samples),
+            module.policy,
+            module.policy_version,
+            SamplingParams(greedy=True),
+        )
         rewards = [module.score(t, s) for t, s in zip(trajs, samples, strict=True)]
         n = max(len(samples), 1)
         out.append(

@@ -230,7 +230,9 @@ def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, nee
     cfg = compose_cfg(overrides)
     run = build_run(cfg)
     before = run.module.policy.lm_head.weight.detach().clone()
-    losses = maybe_cold_start(cfg, run)
+    first = run
+    run = maybe_cold_start(cfg, run)
+    losses = run.cold_start.losses
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     assert not torch.equal(before, run.module.policy.lm_head.weight)
     run.trainer.fit(run.module, datamodule=run.datamodule)
@@ -245,7 +247,7 @@ def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, nee
     rows = [line.split()[0] for line in text.splitlines() if line.startswith("     ")]
     assert rows == ["0", "2"]
     # Resuming skips the cold start: the checkpoint already holds the weights.
-    assert maybe_cold_start(compose_cfg([*overrides, "ckpt_path=last"]), run) == []
+    assert maybe_cold_start(compose_cfg([*overrides, "ckpt_path=last"]), first) is first
 
 
 @pytest.mark.slow
