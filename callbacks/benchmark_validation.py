@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
@@ -32,9 +33,21 @@ from callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
 from paravt.eval.metrics import CategoryMean
 from paravt.rl.metrics import format_compliance
-from paravt.types import Sample
+from paravt.types import RewardBreakdown, Sample, Trajectory
 
-_REQUIRED = ("evaluate_agent", "score")
+
+@runtime_checkable
+class AgentEvaluated(Protocol):
+    """What the callback needs from the LightningModule (GRPOModule implements it)."""
+
+    def evaluate_agent(self, samples: Sequence[Sample], greedy: bool = True) -> list[Trajectory]:
+        """One trajectory per sample, in order, with the current weights."""
+        ...
+
+    def score(self, trajectory: Trajectory, sample: Sample) -> RewardBreakdown: ...
+
+
+_REQUIRED = ("evaluate_agent", "score")  # AgentEvaluated's methods, named in the error
 
 
 def _labels(sample: Sample) -> list[str]:
@@ -106,7 +119,7 @@ class BenchmarkValidation(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         missing = [attr for attr in _REQUIRED if not callable(getattr(pl_module, attr, None))]
-        if missing:
+        if missing or not isinstance(pl_module, AgentEvaluated):
             raise AttributeError(
                 f"BenchmarkValidation({self.name!r}) needs {type(pl_module).__name__} to provide "
                 f"{missing}: evaluate_agent(samples, greedy=True) -> list[Trajectory] and "

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(
+    *args: str,
+    script: str = "train.py",
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """`python <script> *args` as a user runs it: a subprocess with this checkout first on the
+    path, one OMP thread, Hydra's short errors (HYDRA_FULL_ERROR unset unless `env` sets it);
+    stdout and stderr captured as text."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    full.pop("HYDRA_FULL_ERROR", None)
+    full |= env or {}
+    cmd = [sys.executable, str(ROOT / script), *args]
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def train_py():
+    """`run_script`: the one way the tests start `train.py` / `evaluate.py` as subprocesses."""
+    return run_script
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,7 @@ user runs them; each fails while composing, before anything is built (about a se
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,9 @@ from paravt.config_hints import typo_hints
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(script: str, tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    cmd = [sys.executable, str(ROOT / script), f"hydra.run.dir={tmp_path / 'run'}", *overrides]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+def run(train_py, script: str, tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    return train_py(run_dir, *overrides, script=script, cwd=tmp_path, timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -32,8 +28,10 @@ def run(script: str, tmp_path: Path, *overrides: str) -> subprocess.CompletedPro
         ("experiment=nope", "experiment/nope", "available: demo, demo_qwen2_5_vl,"),
     ],
 )
-def test_train_py_names_the_bad_key_or_experiment_and_the_fix(tmp_path, override, named, fix):
-    result = run("train.py", tmp_path, override)
+def test_train_py_names_the_bad_key_or_experiment_and_the_fix(
+    train_py, tmp_path, override, named, fix
+):
+    result = run(train_py, "train.py", tmp_path, override)
     assert result.returncode == 1, result.stderr
     assert named in result.stderr and fix in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -41,16 +39,21 @@ def test_train_py_names_the_bad_key_or_experiment_and_the_fix(tmp_path, override
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_typo_after_an_experiment_is_checked_against_that_experiment(tmp_path):
+def test_a_typo_after_an_experiment_is_checked_against_that_experiment(train_py, tmp_path):
     result = run(
-        "train.py", tmp_path, "experiment=paragrpo", "ablation=grpo", "algorithm.clip_hihg=0.3"
+        train_py,
+        "train.py",
+        tmp_path,
+        "experiment=paragrpo",
+        "ablation=grpo",
+        "algorithm.clip_hihg=0.3",
     )
     assert result.returncode == 1
     assert "did you mean 'algorithm.clip_high'?" in result.stderr, result.stderr
 
 
-def test_evaluate_py_gets_the_same_hints(tmp_path):
-    result = run("evaluate.py", tmp_path, "benchmark=videome")
+def test_evaluate_py_gets_the_same_hints(train_py, tmp_path):
+    result = run(train_py, "evaluate.py", tmp_path, "benchmark=videome")
     assert result.returncode == 1
     assert "benchmark=videomme" in result.stderr.splitlines()[-1], result.stderr
 
@@ -63,9 +66,9 @@ def test_no_hint_for_correct_or_deliberate_overrides():
     assert typo_hints(conf, "train", ["mode=parallel,sequential"]) == []
 
 
-def test_an_added_key_a_target_does_not_take_gets_the_closest_argument(tmp_path):
+def test_an_added_key_a_target_does_not_take_gets_the_closest_argument(train_py, tmp_path):
     # `+key=` passes Hydra; the constructor refuses it (paravt.errors: one line, exit 2).
-    result = run("train.py", tmp_path, "+algorithm.clip_hgh=0.3")
+    result = run(train_py, "train.py", tmp_path, "+algorithm.clip_hgh=0.3")
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()[-1:]
     assert "clip_hgh" in line and "did you mean 'clip_high'?" in line

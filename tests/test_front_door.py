@@ -6,9 +6,7 @@ here fails before a model or data set is built, so each run takes about a second
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +17,11 @@ from paravt.models.loading import PolicySpec, load_policy
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train(cwd: Path, *overrides: str, full_error: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    if full_error:
-        env["HYDRA_FULL_ERROR"] = "1"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={cwd / 'run'}", *overrides]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+def train(
+    train_py, cwd: Path, *overrides: str, full_error: bool = False
+) -> subprocess.CompletedProcess:
+    env = {"HYDRA_FULL_ERROR": "1"} if full_error else None
+    return train_py(f"hydra.run.dir={cwd / 'run'}", *overrides, cwd=cwd, timeout=120, env=env)
 
 
 def created(cwd: Path) -> list[str]:
@@ -33,10 +29,10 @@ def created(cwd: Path) -> list[str]:
     return sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*") if "run" not in p.parts)
 
 
-def test_a_missing_data_path_fails_naming_it_and_creates_nothing(tmp_path):
+def test_a_missing_data_path_fails_naming_it_and_creates_nothing(train_py, tmp_path):
     bad = tmp_path / "data" / "nonexistent.parquet"
     (tmp_path / "data").mkdir()
-    result = train(tmp_path, f"data.train_path={bad}")
+    result = train(train_py, tmp_path, f"data.train_path={bad}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "data.generate.out_dir" in lines[0]
@@ -45,32 +41,32 @@ def test_a_missing_data_path_fails_naming_it_and_creates_nothing(tmp_path):
     assert not list(tmp_path.rglob("*.mp4"))
 
 
-def test_a_missing_model_path_fails_naming_it_and_builds_no_model(tmp_path):
+def test_a_missing_model_path_fails_naming_it_and_builds_no_model(train_py, tmp_path):
     bad = tmp_path / "models" / "nope"
-    result = train(tmp_path, f"model.path={bad}")
+    result = train(train_py, tmp_path, f"model.path={bad}")
     assert result.returncode == 2, result.stderr
     assert str(bad) in result.stderr and "model.tiny_dir" in result.stderr
     assert not bad.exists() and created(tmp_path) == []
 
 
-def test_a_misspelt_key_under_a_target_is_one_line(tmp_path):
-    result = train(tmp_path, "+model.pathh=x")
+def test_a_misspelt_key_under_a_target_is_one_line(train_py, tmp_path):
+    result = train(train_py, tmp_path, "+model.pathh=x")
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "pathh" in line and "--cfg job" in line
     assert "Traceback" not in result.stderr
 
 
-def test_hydra_full_error_still_shows_the_traceback(tmp_path):
-    result = train(tmp_path, f"data.train_path={tmp_path / 'x.jsonl'}", full_error=True)
+def test_hydra_full_error_still_shows_the_traceback(train_py, tmp_path):
+    result = train(train_py, tmp_path, f"data.train_path={tmp_path / 'x.jsonl'}", full_error=True)
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "InputPathError" in result.stderr
 
 
-def test_hydra_config_errors_name_the_key_and_the_experiment(tmp_path):
-    typo = train(tmp_path, "trainer.max_stepz=3")
+def test_hydra_config_errors_name_the_key_and_the_experiment(train_py, tmp_path):
+    typo = train(train_py, tmp_path, "trainer.max_stepz=3")
     assert typo.returncode != 0 and "max_stepz" in typo.stderr and "Traceback" not in typo.stderr
-    unknown = train(tmp_path, "experiment=nope")
+    unknown = train(train_py, tmp_path, "experiment=nope")
     assert unknown.returncode != 0 and "experiment/nope" in unknown.stderr
     assert "demo" in unknown.stderr  # the available experiments are listed
 

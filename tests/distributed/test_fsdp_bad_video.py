@@ -6,9 +6,6 @@ collectives in step), the run does not hang, and rank 0's summary counts the ski
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +29,9 @@ def _corrupt_mid_file(path: Path) -> Path:
     return path
 
 
-def test_a_rank_left_with_no_prompt_does_not_hang_the_others(tiny_run_overrides, tmp_path):
+def test_a_rank_left_with_no_prompt_does_not_hang_the_others(
+    train_py, tiny_run_overrides, tmp_path
+):
     needle_train = Path(next(o for o in tiny_run_overrides if "train_path" in o).split("=", 1)[1])
     good = [json.loads(line) for line in needle_train.read_text().splitlines()[:3]]
     for row in good:
@@ -56,15 +55,7 @@ def test_a_rank_left_with_no_prompt_does_not_hang_the_others(tiny_run_overrides,
         "callbacks.benchmark_validation=null",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = train_py(*args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "(2 RL steps)" in out

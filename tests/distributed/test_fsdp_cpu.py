@@ -6,25 +6,13 @@ single-rank reference runs in this process on the unsharded model with the same 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from . import worker
+from .launch import launch
+
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"paravt_dist_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-worker = _module("worker")
-launch = _module("launch").launch
 
 
 @pytest.fixture(scope="module")

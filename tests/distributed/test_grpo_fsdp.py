@@ -12,25 +12,13 @@ alone reads the checkpoint and fills the shards), as `train.py trainer=fsdp` bui
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from . import worker
+from .launch import launch
+
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"paravt_dist_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-worker = _module("worker")
-launch = _module("launch").launch
 
 
 @pytest.fixture(scope="module")

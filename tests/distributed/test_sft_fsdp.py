@@ -7,9 +7,6 @@ and the gradient norm clipped globally, both runs must reach the same weights.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sft(run_dir: Path, tiny_dir, data, *extra: str) -> str:
+def _sft(train_py, run_dir: Path, tiny_dir, data, *extra: str) -> str:
     args = [
         "experiment=demo_sft",
         f"hydra.run.dir={run_dir}",
@@ -30,24 +27,18 @@ def _sft(run_dir: Path, tiny_dir, data, *extra: str) -> str:
         "trainer.max_steps=2",
         *extra,
     ]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = train_py(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_qwen3_dir, sft_file):
+def runs(train_py, tmp_path_factory, tiny_qwen3_dir, sft_file):
     root = tmp_path_factory.mktemp("sft_fsdp")
-    one = _sft(root / "one", tiny_qwen3_dir, sft_file, "data.batch_size=2")
-    two = _sft(root / "two", tiny_qwen3_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
+    one = _sft(train_py, root / "one", tiny_qwen3_dir, sft_file, "data.batch_size=2")
+    two = _sft(
+        train_py, root / "two", tiny_qwen3_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu"
+    )
     return root, one, two
 
 

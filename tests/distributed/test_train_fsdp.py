@@ -9,10 +9,7 @@ stopped after step 2 and resumed with `ckpt_path=last` to step 4.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,30 +33,24 @@ SETTINGS = {
 }
 
 
-def _train(overrides: list[str], run_dir: Path, *extra: str) -> str:
+def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
     mine = {k.split("=", 1)[0] for k in SETTINGS}
     base = [o for o in overrides if o.split("=", 1)[0] not in mine]
     args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = train_py(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_run_overrides, tmp_path_factory):
+def runs(train_py, tiny_run_overrides, tmp_path_factory):
     root = tmp_path_factory.mktemp("train_fsdp")
-    whole = _train(tiny_run_overrides, root / "whole", "trainer.max_steps=4")
-    first = _train(tiny_run_overrides, root / "resumed", "trainer.max_steps=2")
+    whole = _train(train_py, tiny_run_overrides, root / "whole", "trainer.max_steps=4")
+    first = _train(train_py, tiny_run_overrides, root / "resumed", "trainer.max_steps=2")
     shutil.copytree(root / "resumed" / "hf", root / "after_2")
-    resumed = _train(tiny_run_overrides, root / "resumed", "trainer.max_steps=4", "ckpt_path=last")
+    resumed = _train(
+        train_py, tiny_run_overrides, root / "resumed", "trainer.max_steps=4", "ckpt_path=last"
+    )
     return root, {"whole": whole, "first": first, "resumed": resumed}
 
 

@@ -11,9 +11,6 @@ Runs in .venv-vllm (`make test-vllm`).
 from __future__ import annotations
 
 import glob
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,19 +34,11 @@ SETTINGS = {
 }
 
 
-def _train(overrides: list[str], run_dir: Path, *extra: str) -> dict[str, list[float]]:
+def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> dict[str, list[float]]:
     mine = {k.split("=", 1)[0] for k in SETTINGS}
     base = [o for o in overrides if o.split("=", 1)[0] not in mine]
     args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = train_py(*args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "MEMBER: 2/2" in out and out.count("== paravt run") == 1
@@ -68,11 +57,11 @@ def _scalars(tb: Path) -> dict[str, list[float]]:
     return out
 
 
-def test_each_rank_s_vllm_engine_follows_the_sharded_policy(tiny_run_overrides, tmp_path):
-    synced = _train(tiny_run_overrides, tmp_path / "synced")
+def test_each_rank_s_vllm_engine_follows_the_sharded_policy(train_py, tiny_run_overrides, tmp_path):
+    synced = _train(train_py, tiny_run_overrides, tmp_path / "synced")
     assert synced["weight_version"] == [0.0, 1.0]
     assert synced["grad_norm"][0] > 0  # the first update moved the policy
     assert synced["loss/logprob_gap"][1] < 1e-4  # vLLM sampled with the updated weights
-    stale = _train(tiny_run_overrides, tmp_path / "stale", "rollout.max_staleness=1")
+    stale = _train(train_py, tiny_run_overrides, tmp_path / "stale", "rollout.max_staleness=1")
     assert stale["weight_version"] == [0.0, 0.0]
     assert stale["loss/logprob_gap"][1] > 10 * synced["loss/logprob_gap"][1]

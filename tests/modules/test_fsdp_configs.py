@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,10 +66,8 @@ def test_sweep_config_sweeps_reward_weights_scored_by_held_out_accuracy(tmp_path
 
 
 @pytest.mark.slow
-def test_multirun_with_the_sweep_config_returns_the_metric(tmp_path, tiny_run_overrides):
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
+def test_multirun_with_the_sweep_config_returns_the_metric(train_py, tmp_path, tiny_run_overrides):
+    out = train_py(
         "hparams_search=reward_weights",
         "reward.tool_weight=1.0",  # the command line narrows the 2x2 grid to 2 jobs
         "trainer.max_steps=1",
@@ -83,8 +79,8 @@ def test_multirun_with_the_sweep_config_returns_the_metric(tmp_path, tiny_run_ov
         "rollout.agent.max_new_tokens=8",
         "callbacks.benchmark_validation.limit=1",
         "trainer.enable_progress_bar=false",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("optimized_metric")]
     assert len(lines) == 2, out.stdout[-2000:]

@@ -319,13 +319,8 @@ def test_rollouts_of_step_t_come_from_the_weights_after_update_t_minus_1(
 
 
 @pytest.mark.slow
-def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_run_overrides):
-    import subprocess
-    import sys
-
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
+def test_hydra_multirun_sweeps_a_reward_weight(train_py, tmp_path, tiny_run_overrides):
+    out = train_py(
         "-m",
         "experiment=demo",
         "reward.format_weight=0.5,1.0",
@@ -336,8 +331,8 @@ def test_hydra_multirun_sweeps_a_reward_weight(tmp_path, tiny_run_overrides):
         "rollout.agent.max_new_tokens=8",
         "callbacks.benchmark_validation.limit=1",
         "trainer.enable_progress_bar=false",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     for job in ("0", "1"):
         assert (tmp_path / job / "checkpoints" / "last.ckpt").exists()

@@ -54,7 +54,9 @@ def _wait_for_step(path: Path, proc: subprocess.Popen, step: int, timeout: float
 
 
 @pytest.mark.slow
-def test_a_sigkilled_train_py_resumes_and_says_from_which_step(tmp_path, tiny_run_overrides):
+def test_a_sigkilled_train_py_resumes_and_says_from_which_step(
+    train_py, tmp_path, tiny_run_overrides
+):
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.ckpt"
     proc = subprocess.Popen(
@@ -69,14 +71,8 @@ def test_a_sigkilled_train_py_resumes_and_says_from_which_step(tmp_path, tiny_ru
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     step = _checkpoint_step(last)  # the last complete checkpoint: 2 or a later one
-    resumed = subprocess.run(
-        _command(run_dir, tiny_run_overrides, f"trainer.max_steps={step + 1}", "ckpt_path=last"),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = _command(run_dir, tiny_run_overrides, f"trainer.max_steps={step + 1}", "ckpt_path=last")
+    resumed = train_py(*args[2:], cwd=tmp_path)  # args[:2]: the interpreter and train.py
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     out = resumed.stdout
     assert f"({step + 1} RL steps)" in out, out

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,12 +123,11 @@ def test_accumulation_and_resume_replay_the_uninterrupted_run(tmp_path, tiny_qwe
 
 @pytest.mark.slow
 def test_demo_sft_cli_trains_exports_and_rl_continues(
-    tmp_path, tiny_qwen3_dir, sft_file, needle_dir
+    train_py, tmp_path, tiny_qwen3_dir, sft_file, needle_dir
 ):
     sft_dir = tmp_path / "sft"
     overrides = sft_overrides(sft_dir, tiny_qwen3_dir, sft_file, 3, "scheduler.warmup_ratio=0.5")
-    sft = [sys.executable, "train.py", *overrides]
-    out = subprocess.run(sft, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = train_py(*overrides)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "paravt SFT run 'demo_sft' (3 optimiser steps)" in out.stdout
     assert (sft_dir / "hf" / "config.json").exists()
@@ -142,9 +139,7 @@ def test_demo_sft_cli_trains_exports_and_rl_continues(
     lrs = [e.value for e in acc.Scalars("train/lr")]
     # warm-up of ceil(0.5 * 3) = 2 steps (1/2, 2/2 of the peak 3e-3), then cosine from the peak
     assert lrs == pytest.approx([1.5e-3, 3e-3, 3e-3])
-    rl = [
-        sys.executable,
-        "train.py",
+    out = train_py(
         f"model.path={sft_dir / 'hf'}",
         "model.build_tiny=null",
         f"run_dir={tmp_path / 'rl'}",
@@ -159,8 +154,7 @@ def test_demo_sft_cli_trains_exports_and_rl_continues(
         "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=8",
         "callbacks.benchmark_validation=null",
-    ]
-    out = subprocess.run(rl, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(1 RL steps)" in out.stdout and (tmp_path / "rl" / "hf" / "config.json").exists()
     # The SFT export holds trained weights (not the tiny model's), and RL ran from it.

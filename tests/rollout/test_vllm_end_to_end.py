@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,15 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, overrides: list[str], timeout: int = 540) -> subprocess.CompletedProcess:
-    run = subprocess.run(
-        [sys.executable, script, *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _run(
+    train_py, script: str, overrides: list[str], timeout: int = 540
+) -> subprocess.CompletedProcess:
+    run = train_py(*overrides, script=script, timeout=timeout)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
 
-def test_two_rl_steps_with_the_vllm_engine(tmp_path, tiny_run_overrides):
+def test_two_rl_steps_with_the_vllm_engine(train_py, tmp_path, tiny_run_overrides):
     overrides = [
         "rollout/engine=vllm",
         "trainer.max_steps=2",
@@ -44,7 +39,7 @@ def test_two_rl_steps_with_the_vllm_engine(tmp_path, tiny_run_overrides):
         "callbacks.benchmark_validation=null",
         "export_hf=false",
     ]
-    _run("train.py", overrides)
+    _run(train_py, "train.py", overrides)
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     # Step 1 sampled with the weights after update 0, pushed into vLLM by sync_weights.
@@ -63,11 +58,14 @@ def caller_ckpt(tool_caller, tmp_path_factory):
     return out
 
 
-def test_evaluate_with_vllm_equals_the_transformers_engine(caller_ckpt, needle_dir, tmp_path):
+def test_evaluate_with_vllm_equals_the_transformers_engine(
+    train_py, caller_ckpt, needle_dir, tmp_path
+):
     results = {}
     for engine in ("hf", "vllm"):
         out = tmp_path / engine
         _run(
+            train_py,
             "evaluate.py",
             [
                 f"rollout/engine={engine}",
