@@ -164,3 +164,12 @@ def test_the_checks_see_an_upward_import_and_a_circle():
     real = _graph()
     assert "paravt.rollout.engine" in real["paravt.rollout.vllm"]  # edges are really read
     assert "paravt.models.qwen_vl" in real["paravt.models.forward"]
+
+
+def test_every_package_says_its_role_in_its_init_docstring():
+    for top in ("paravt", "callbacks"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            doc = ast.get_docstring(ast.parse(init.read_text()))
+            assert doc and doc.splitlines()[0].strip(), f"{init.relative_to(ROOT)}: no docstring"
+    folders = {p.parent for p in (ROOT / "paravt").rglob("*.py")}
+    assert all((f / "__init__.py").exists() for f in folders), "a paravt folder is no package"

@@ -1,1 +1,1 @@
-"""The agent: prompts, tool-call parsing, tools and the rollout loop."""
+"""The agent: prompts, tool-call parsing, tools, rendering, the rollout loop, greedy runs."""

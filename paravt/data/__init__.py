@@ -1,1 +1,1 @@
-"""RL prompt data: raw rows -> Samples (schemas, pure) and file loading (datasets, glue)."""
+"""Data: row schemas (pure), file loading, SFT encoding and packing, the PromptDataModule."""
