@@ -30,7 +30,6 @@ CPU_SCALE = [
     "rollout.agent.max_new_tokens=12",
     "rollout.agent.max_total_tokens=4096",
     "rollout.agent.subagent_max_tokens=8",
-    "rollout.crop.factor=32",
     "algorithm.micro_batch_tokens=4096",
     "optimizer.lr=1e-2",
     "callbacks.frame_budget.budgets=[4,8]",
