@@ -200,18 +200,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", type=int, default=2, help="rollouts per sample, G (default 2)")
     # The agent protocol's defaults are training's (conf/rollout/default.yaml = the dataclasses).
     agent, crop = AgentConfig(), CropConfig()
-    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="overview frames K")
-    p.add_argument("--rounds", type=int, default=agent.max_rounds, help="max tool rounds")
+    p.add_argument(
+        "--budget", type=int, default=DEFAULT_BUDGET, help="overview frames K (default %(default)s)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=agent.max_rounds, help="max tool rounds (default %(default)s)"
+    )
     p.add_argument("--mode", choices=MODES, default=agent.mode)
     p.add_argument(
         "--max-calls-per-turn",
         type=int,
         default=crop.max_calls_per_turn,
-        help="calls kept per turn (1: sequential dispatch)",
+        help="calls kept per turn, 1: sequential dispatch (default %(default)s)",
     )
     p.add_argument("--temperature", type=float, default=TEMPERATURE)
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
-    p.add_argument("--max-new-tokens", type=int, default=agent.max_new_tokens, help="per turn")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=agent.max_new_tokens,
+        help="per turn (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout engine")
     p.add_argument("--show-tokens", action="store_true", help="decode every mask run")
