@@ -24,7 +24,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.eval.benchmarks.base import AnnotationError, collect_row_errors
+from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.results import check_run_identity
 from paravt.eval.runner import (
     EvalConfig,

@@ -35,7 +35,7 @@ CORE = [
     "paravt.rollout.records",
     "paravt.rollout.engine",
     "paravt.eval.scoring",
-    "paravt.eval.benchmarks",
+    "paravt.eval.adapters",
 ]
 FORBIDDEN = ("lightning", "hydra", "vllm", "decord", "pytorch_lightning")
 

@@ -1,1 +1,1 @@
-"""Evaluation: benchmark adapters (`paravt.eval.benchmarks`), scoring, and the runner."""
+"""Evaluation: benchmark adapters (`paravt.eval.adapters`), scoring, and the runner."""

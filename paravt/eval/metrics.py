@@ -10,7 +10,7 @@ weight 0 stays out of every denominator (the "exclude" unparseable-answer policy
 `GroundingMetric` is temporal grounding: mIoU and R@{0.3, 0.5, 0.7} (the share of items with
 IoU >= threshold), from sums of IoUs and of hits.
 
-Both are used by `paravt.eval.benchmarks` reports (hence by `evaluate.py`) and by the
+Both are used by `paravt.eval.adapters` reports (hence by `evaluate.py`) and by the
 `BenchmarkValidation` callback during training. This module deliberately does not score answers
 (see `paravt.eval.scoring`) nor know any benchmark's schema.
 """

@@ -24,7 +24,7 @@ from paravt.agent.prompts import FORCED_ANSWER
 from paravt.data.datasets import load_rows
 from paravt.data.schemas import DataRowError, row_to_sample
 from paravt.eval import scoring
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     build_items,

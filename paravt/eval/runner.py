@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentLoop
-from paravt.eval.benchmarks import BENCHMARKS, Benchmark, EvalItem
+from paravt.eval.adapters import BENCHMARKS, Benchmark, EvalItem
 from paravt.eval.needle import needle
 from paravt.eval.protocol import EvalConfig, agent_config, build_agent_loop
 from paravt.eval.results import (

@@ -5,7 +5,7 @@ Glue around decord: file checks that turn missing, empty, truncated and non-vide
 one lock per open video (decord readers are not thread-safe; the crop tool reads in parallel),
 de-duplicated batch decoding in one sorted pass and the resize to `fit_pixels`.
 
-Speed (bench/crop_vs_qwen_vl_utils.py): a read decodes its sorted frames in one forward
+Speed (benchmarks/crop_vs_qwen_vl_utils.py): a read decodes its sorted frames in one forward
 pass with PyAV (seeking only when a keyframe lies between two wanted frames; runs of GOPs on
 all cores, one single-threaded decoder each), tells FFmpeg to
 skip non-reference frames that are not wanted (nothing depends on them), and converts only the

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import AnnotationError, get_benchmark
-from paravt.eval.benchmarks.base import collect_row_errors
+from paravt.eval.adapters import AnnotationError, get_benchmark
+from paravt.eval.adapters.base import collect_row_errors
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import AnnotationError, get_benchmark
+from paravt.eval.adapters import AnnotationError, get_benchmark
 
 
 def _parquet_row(i, correct, options, group=600, category="T3O"):

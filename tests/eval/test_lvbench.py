@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import AnnotationError, get_benchmark
+from paravt.eval.adapters import AnnotationError, get_benchmark
 
 QUESTION = "What does the man hold?\n(A) a cup\n(B) a phone\n(C) a book\n(D) a key"
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import AnnotationError, get_benchmark
+from paravt.eval.adapters import AnnotationError, get_benchmark
 
 URL = "https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/{subject}/{n}.mp4"
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from paravt.eval import scoring
-from paravt.eval.benchmarks import get_benchmark
-from paravt.eval.benchmarks.base import AnnotationError, collect_row_errors
+from paravt.eval.adapters import get_benchmark
+from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.metrics import CategoryMean, GroundingMetric
 
 OPTS = ("red", "green", "blue", "pink")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import BENCHMARKS, get_benchmark
+from paravt.eval.adapters import BENCHMARKS, get_benchmark
 
 NAMES = ["videomme", "videomme_sub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades"]
 

@@ -15,7 +15,7 @@ import pytest
 from paravt.agent.loop import AgentConfig
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.agent.render import ChatRenderer
-from paravt.eval.benchmarks.base import MCQ_FORCED_ANSWER, AnnotationError
+from paravt.eval.adapters.base import MCQ_FORCED_ANSWER, AnnotationError
 from paravt.eval.needle import NeedleBenchmark
 from paravt.eval.runner import (
     METRICS,
@@ -247,7 +247,7 @@ def test_format_metrics_shows_fractions_as_percent_and_counts_as_counts():
 
 
 def test_benchmarks_cap_the_forced_answer_turn():
-    from paravt.eval.benchmarks import get_benchmark
+    from paravt.eval.adapters import get_benchmark
     from paravt.eval.runner import EvalConfig, agent_config
 
     for name, cap in (("videomme", 64), ("mlvu", 64), ("charades", 128)):

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from paravt.eval.benchmarks import AnnotationError, get_benchmark
-from paravt.eval.benchmarks.videomme import parse_srt
+from paravt.eval.adapters import AnnotationError, get_benchmark
+from paravt.eval.adapters.videomme import parse_srt
 
 
 def _row(qid, video, answer, duration="long", domain="Knowledge", task="Counting Problem"):

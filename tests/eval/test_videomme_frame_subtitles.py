@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoProcessor
 
 from paravt.agent.prompts import FRAME_SUBTITLES, subtitles_at, user_text
-from paravt.eval.benchmarks import get_benchmark
-from paravt.eval.benchmarks.videomme import parse_srt_blocks
+from paravt.eval.adapters import get_benchmark
+from paravt.eval.adapters.videomme import parse_srt_blocks
 from paravt.types import Sample
 
 SRT = (

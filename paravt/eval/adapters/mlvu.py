@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from paravt.eval import scoring
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,

@@ -15,7 +15,7 @@ import os
 from functools import partial
 from typing import Any
 
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,

@@ -3,7 +3,7 @@
 The agent loop issues one engine call per round for every active trajectory; this measures what
 that buys on the tiny Qwen3-VL with real needle prompts (overview clip included), in one run.
 
-    python bench/engine_batching.py [--requests 8] [--new-tokens 48] [--repeats 3]
+    python benchmarks/engine_batching.py [--requests 8] [--new-tokens 48] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 
 from paravt.data.datasets import DataFileError, read_text
 from paravt.eval import scoring
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     build_items,

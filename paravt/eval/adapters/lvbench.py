@@ -19,7 +19,7 @@ import re
 from functools import partial
 from typing import Any
 
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,

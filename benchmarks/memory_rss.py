@@ -9,10 +9,10 @@ them and the least-squares slope; every sample goes to `RUN_DIR/rss.csv`. A leak
 rollouts kept per step, a growing cache) shows as growth that keeps rising with the number of
 steps; the goal is < 5% after warm-up.
 
-    python bench/memory_rss.py [--steps 200] [--warmup 20] [--run-dir /tmp/rss]
+    python benchmarks/memory_rss.py [--steps 200] [--warmup 20] [--run-dir /tmp/rss]
     make venv-vllm && OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
         VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-        .venv-vllm/bin/python bench/memory_rss.py --engine vllm
+        .venv-vllm/bin/python benchmarks/memory_rss.py --engine vllm
 
 With `--engine vllm` the in-process vLLM engine (CPU build, `.venv-vllm`) generates the rollouts
 and is synced in place after every update; its KV cache is allocated once, so RSS must stay flat

@@ -6,9 +6,9 @@ one AdamW step, no reference model (KL coefficient 0). paravt runs `train.py` (t
 Qwen3-VL, its needle prompt with a 4-frame overview clip, `max_rounds=0`: no tool turn) and
 reports its `time/*` phases; TRL trains a `Qwen3ForCausalLM` of the same text sizes on a text
 prompt of similar length. Each side runs `--steps` steps; the last step is compared (the first
-carries one-off warm-up). TRL is a benchmark-only dependency (`bench/requirements.txt`).
+carries one-off warm-up). TRL is a benchmark-only dependency (`benchmarks/requirements.txt`).
 
-    python bench/grpo_vs_trl.py [--steps 3]
+    python benchmarks/grpo_vs_trl.py [--steps 3]
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,

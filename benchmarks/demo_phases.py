@@ -6,7 +6,7 @@ step and the share of the step. `time/sync|rollout|reward|logprobs|update` parti
 `time/rollout_*` (prompt rendering, engine generate, tool execution) partition the rollout.
 Pass `--run DIR` to read an existing run directory instead of training.
 
-    python bench/demo_phases.py [--steps 4] [--cold-start-steps 120] [--run DIR]
+    python benchmarks/demo_phases.py [--steps 4] [--cold-start-steps 120] [--run DIR]
 """
 
 from __future__ import annotations

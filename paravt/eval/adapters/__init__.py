@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from paravt.eval.benchmarks.base import AnnotationError, Benchmark, EvalItem
-from paravt.eval.benchmarks.charades import charades
-from paravt.eval.benchmarks.longvideobench import longvideobench
-from paravt.eval.benchmarks.lvbench import lvbench
-from paravt.eval.benchmarks.mlvu import mlvu
-from paravt.eval.benchmarks.mmvu import mmvu
-from paravt.eval.benchmarks.videomme import videomme, videomme_sub
+from paravt.eval.adapters.base import AnnotationError, Benchmark, EvalItem
+from paravt.eval.adapters.charades import charades
+from paravt.eval.adapters.longvideobench import longvideobench
+from paravt.eval.adapters.lvbench import lvbench
+from paravt.eval.adapters.mlvu import mlvu
+from paravt.eval.adapters.mmvu import mmvu
+from paravt.eval.adapters.videomme import videomme, videomme_sub
 
 BENCHMARKS: dict[str, Callable[..., Benchmark]] = {
     "videomme": videomme,

@@ -4,7 +4,7 @@ The executor plans every crop of a round first and decodes the union of their fr
 read per video; the naive way opens and decodes each call on its own, one after another. Both
 run in this process on the same real mp4 files, and the script prints the ratio.
 
-    python bench/crop_executor.py [--trajectories 8] [--calls 4] [--repeats 3]
+    python benchmarks/crop_executor.py [--trajectories 8] [--calls 4] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ processes (the whole context is re-encoded each round, then the new tokens are d
 times one forward pass of the tiny Qwen3-VL over those same tokens, vision included.
 The paper's argument: parallel dispatch avoids re-reading a context that grows with each turn.
 
-    python bench/parallel_vs_sequential.py [--prompts 4] [--crops 3]
+    python benchmarks/parallel_vs_sequential.py [--prompts 4] [--crops 3]
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any
 
 from paravt.agent.prompts import FRAME_SUBTITLES, SUBTITLE_PREFIX
-from paravt.eval.benchmarks.base import (
+from paravt.eval.adapters.base import (
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,

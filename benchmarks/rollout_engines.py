@@ -4,9 +4,9 @@ The same B prompts x G samples run through the real agent loop (overview clip, p
 tool responses) with each engine, built by `paravt.rollout.build_engine`, in one run; it prints
 wall time, sampled tokens per second and the ratio. Run it in the vLLM environment:
 
-    .venv-vllm/bin/python bench/rollout_engines.py [--prompts 4 --group 4 --new-tokens 64]
+    .venv-vllm/bin/python benchmarks/rollout_engines.py [--prompts 4 --group 4 --new-tokens 64]
     # a real checkpoint on a GPU (tests/gpu/run.sh):
-    python bench/rollout_engines.py --model /path/to/Qwen3-VL-8B --dtype bfloat16 ...
+    python benchmarks/rollout_engines.py --model /path/to/Qwen3-VL-8B --dtype bfloat16 ...
 
 Without --model it uses a tiny random Qwen3-VL (on which vLLM's per-step overhead dominates:
 the case for vLLM is GPUs and real models). The first call of each engine is a warm-up.

@@ -9,9 +9,9 @@ The video is generated here (10 min, 640x360, 25 fps, H.264 with a keyframe ever
 and cached under --cache. Cases: K = 1, 5, 8 crops of one turn, and 8 trajectories x 4 crops of
 one video (one round of a GRPO group). Each case runs both paths `--repeats` times, alternating,
 and prints medians and their ratio. qwen-vl-utils is a benchmark-only dependency
-(`bench/requirements.txt`).
+(`benchmarks/requirements.txt`).
 
-    python bench/crop_vs_qwen_vl_utils.py [--repeats 3] [--cache /tmp/paravt-bench]
+    python benchmarks/crop_vs_qwen_vl_utils.py [--repeats 3] [--cache /tmp/paravt-bench]
 """
 
 from __future__ import annotations
