@@ -24,6 +24,7 @@ import torch
 from paravt.distributed import (
     MicroBatch,
     Rank,
+    agree_max,
     filler_trajectory,
     global_sums,
     mean_over_ranks,
@@ -194,7 +195,9 @@ class GRPOModule(pl.LightningModule):
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
         metrics |= batch.counts
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
-        metrics = mean_over_ranks(metrics, sums=("update/trajectories", *SKIP_SUMS))
+        # Ranks hold unequal shares when B is not a multiple of W: weigh each by its rollouts.
+        sums = ("update/trajectories", *SKIP_SUMS)
+        metrics = mean_over_ranks(metrics, sums=sums, weight=len(trajs))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))
@@ -248,6 +251,9 @@ class GRPOModule(pl.LightningModule):
         # An empty batch (every group dropped as zero-variance) still takes one (no-op) step, so
         # the step count, the checkpoints and the data position keep moving together.
         minis = split_even(list(range(len(items))), self.algo.ppo_mini_batches) or [[]]
+        # Every rank takes the same number of optimiser steps (a rank with fewer items, or none,
+        # runs empty mini-batches of zero-weight passes): each step is a collective.
+        minis += [[]] * (agree_max(len(minis)) - len(minis))
         for _ in range(self.algo.ppo_epochs):
             for mini in minis:
                 self._mini_step([items[i] for i in mini], [prox[i] for i in mini], sums, updates)
