@@ -3,8 +3,9 @@
 The same trainer code as `trainer=fsdp` on 8 GPUs (Lightning's ModelParallelStrategy, FSDP2 in
 GRPOModule.configure_model, the RolloutDataModule's per-rank prompts, an engine copy per rank),
 on the session's tiny model and needle videos. KL is on so that the reward of every rollout
-differs (R - beta KL) and every step really updates. One uninterrupted 4-step run; one run
-stopped after step 2 and resumed with `ckpt_path=last` to step 4.
+differs (R - beta KL) and every step really updates. 3 prompts a step: the ranks hold unequal
+shares. One uninterrupted 4-step run; one run stopped after step 2 and resumed with
+`ckpt_path=last` to step 4. Collectives are checked under the simulated NCCL rule.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SETTINGS = {
     "trainer": "fsdp_cpu",
     "cold_start": "null",
     "model.freeze_vision": "true",
-    "data.batch_size": "4",  # 2 prompts per rank
+    "data.batch_size": "3",  # odd: rank 0 takes 2 prompts, rank 1 one (7 on 8 GPUs in small)
     "rollout.group_size": "4",
     "rollout.temperature": "1.2",
     "rollout.agent.max_new_tokens": "32",
@@ -40,7 +41,11 @@ def _train(overrides: list[str], run_dir: Path, *extra: str) -> str:
     mine = {k.split("=", 1)[0] for k in SETTINGS}
     base = [o for o in overrides if o.split("=", 1)[0] not in mine]
     args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "PARAVT_COLLECTIVE_RULE": "nccl",  # simulated NCCL checks on gloo (paravt.collectives)
+    }
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=ROOT,
