@@ -41,8 +41,9 @@ from paravt.rewards.structural import (
     structural_token_ids,
 )
 from paravt.rl.kl import kl_penalty
-from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
+from paravt.rl.losses import entropy_from_logits, kl_loss
 from paravt.rl.microbatch import MicroWeights, TermSizes, mini_sizes, split_weights
+from paravt.rl.mismatch import check_mode, mismatch_metrics, needs_trainer_logprobs, policy_loss
 from paravt.rl.objective import (
     AdvantageConfig,
     advantage_metrics,
@@ -78,6 +79,9 @@ class AlgorithmConfig:
     micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
     max_grad_norm: float = 1.0
     train_subagents: bool = False
+    # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate" or "token_mask".
+    engine_is_correction: str | None = None
+    engine_is_cap: float = 2.0
 
 
 ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
@@ -118,6 +122,7 @@ class GRPOModule(pl.LightningModule):
         # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
+        check_mode(algorithm.engine_is_correction)
         self.scheduler_factory = scheduler
         self.seed = seed
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
@@ -269,7 +274,7 @@ class GRPOModule(pl.LightningModule):
 
     def _proximal_logprobs(self, trajs) -> list[torch.Tensor | None]:
         """pi_prox for the decoupled loss: the policy before this update, one pass, no grad."""
-        if self.algo.loss != "decoupled_ppo":
+        if not needs_trainer_logprobs(self.algo.loss, self.algo.engine_is_correction):
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
@@ -327,7 +332,8 @@ class GRPOModule(pl.LightningModule):
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
-        loss, m = get_policy_loss(self.algo.loss)(
+        algo = self.algo
+        loss, m = policy_loss(algo.loss, algo.engine_is_correction, algo.engine_is_cap)(
             logp,
             proximal,
             behaviour,
@@ -344,6 +350,8 @@ class GRPOModule(pl.LightningModule):
         metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}
         gap = torch.where(mask, (logp.detach() - behaviour).abs(), torch.zeros_like(behaviour))
         metrics["loss/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+        if prox[0] is not None:  # the trainer's pre-update log-probs vs the engine's
+            metrics |= mismatch_metrics(proximal, behaviour, mask, algo.engine_is_cap)
         if self.anchor_coef:
             smask = structural_mask(
                 batch.input_ids.to(logp.device), mask, self.struct_ids, formed.to(logp.device)

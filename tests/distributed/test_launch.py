@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = [
     "trainer=fsdp_cpu",
     "cold_start=null",
     "data.batch_size=3",
     "rollout.group_size=2",
-    "rollout.agent.max_new_tokens=16",
+    "rollout.agent.max_new_tokens=8",
+    "rollout.agent.max_rounds=1",
     "algorithm.kl_coef=0.1",
     "callbacks.benchmark_validation=null",
     "callbacks.rollout_logger=null",
@@ -70,7 +71,7 @@ def test_two_nodes_of_one_rank_train_like_one_node_of_two(one_node, tiny_run_ove
         log = open(tmp_path.parent / f"node{node}.log", "w")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log), log))
     for proc, log in procs:
-        proc.wait(timeout=900)
+        proc.wait(timeout=1400)
         log.close()
     logs = [(tmp_path.parent / f"node{n}.log").read_text() for n in (0, 1)]
     assert [p.returncode for p, _ in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
@@ -81,13 +82,14 @@ def test_two_nodes_of_one_rank_train_like_one_node_of_two(one_node, tiny_run_ove
 
 def test_a_sweep_on_two_ranks_runs_each_job_once(tiny_run_overrides, tmp_path):
     sweep = [*SETTINGS, "trainer.max_steps=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
+    sweep.append("export_hf=true")
     proc = subprocess.run(
         _cmd("-m", *tiny_run_overrides, *sweep),
         cwd=ROOT,
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1400,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
