@@ -138,6 +138,12 @@ class RolloutDataModule(PromptDataModule):
             self.engine.sync_weights(module.policy, module.policy_version)
         return time.perf_counter() - t0
 
+    def end_step(self) -> None:
+        """The step's last agent round is done: an engine with a sleep mode may sleep now."""
+        end = getattr(self.engine, "end_step", None)
+        if callable(end):
+            end()
+
     def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         if self.budget_sampler is None:
             return [self.rollout.default_budget] * len(samples)
@@ -161,6 +167,7 @@ class RolloutDataModule(PromptDataModule):
         params = SamplingParams(temperature=cfg.temperature, seed=self.seed * 100_003 + batch.step)
         t0 = time.perf_counter()
         trajs = self._run(agent, samples, budgets, params)
+        self.end_step()
         if agent.video_errors:
             samples, budgets, trajs = self._drop_bad(batch.step, samples, budgets, trajs, skipped)
         self.skipped_prompts += len(skipped)
@@ -253,6 +260,7 @@ class RolloutDataModule(PromptDataModule):
         budgets = [self.rollout.default_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
         trajs = agent.run(samples, budgets, 1, params, skip_bad_videos=not self.fail_fast)
+        self.end_step()
         for s in samples:  # an undecodable held-out video is scored as no answer, and counted
             if s.id in agent.video_errors and s.video not in self.eval_video_errors:
                 self.eval_video_errors[s.video] = agent.video_errors[s.id]
