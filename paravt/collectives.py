@@ -124,3 +124,22 @@ def reduce_floats(values: Sequence[float], op=dist.ReduceOp.SUM, group=None) -> 
         on_collective_device([float(v) for v in values], torch.float32, group), op, group
     )
     return [float(v) for v in t.tolist()]
+
+
+def on_rank0(fn, group=None):
+    """`fn()` run by rank 0 only, its result (or its exception) handed to every rank: work
+    done once per run instead of once per rank (e.g. opening every training video at setup).
+    One process: `fn()` itself."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return fn()
+    box: list = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as error:  # every rank must leave the broadcast, then raise
+            box[0] = ("error", error)
+    dist.broadcast_object_list(box, src=0, group=group)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value

@@ -448,6 +448,11 @@ def main(argv: list[str]) -> None:
             from precision_worker import run as precision
 
             res = precision(model_dir)
+        elif scenario == "setup_once":  # tests/distributed/setup_worker.py
+            sys.path.insert(0, str(Path(__file__).parent))
+            from setup_worker import run as setup_once
+
+            res = setup_once(model_dir)  # here: the training prompts' file
         else:
             res = SCENARIOS[scenario](model_dir, out, ckpt)
         torch.save(res, out / f"rank{dist.get_rank()}.pt")
