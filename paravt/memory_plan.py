@@ -176,6 +176,14 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
         if key == "gpu":
             continue
         lines.append(f"  {key:<48} {value / GIB:8.1f} GiB")
+    reserved = numbers.get("engine KV cache (vLLM reservation)")
+    need = numbers["rollout: KV cache needed at max_total_tokens"]
+    if reserved is not None and reserved < need:
+        lines.append(
+            f"  note: vLLM's KV reservation ({reserved / GIB:.1f} GiB) is below what all of a "
+            f"rank's rollouts need at full length ({need / GIB:.1f} GiB): it runs fewer at a "
+            "time (raise rollout.engine.gpu_memory_utilization if the plan leaves room)"
+        )
     used = "with" if x.checkpointing else "without"
     lines.append(
         f"  peak ({used} activation checkpointing) {numbers['peak'] / GIB:.1f} GiB of "
