@@ -64,7 +64,7 @@ def child_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
     return [
         argv[0],
         *spec["overrides"],
-        f"hydra.run.dir={spec['dir']}",
+        f'hydra.run.dir="{spec["dir"]}"',  # quoted, as Lightning does
         f"hydra.job.name=train_ddp_process_{local}",
         "hydra.output_subdir=null",
     ]

@@ -82,7 +82,6 @@ def test_two_nodes_of_one_rank_train_like_one_node_of_two(one_node, tiny_run_ove
 
 def test_a_sweep_on_two_ranks_runs_each_job_once(tiny_run_overrides, tmp_path):
     sweep = [*SETTINGS, "trainer.max_steps=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
-    sweep.append("export_hf=true")
     proc = subprocess.run(
         _cmd("-m", *tiny_run_overrides, *sweep),
         cwd=ROOT,

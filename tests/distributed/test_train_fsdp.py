@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # 3 runs of train.py
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {
     "trainer": "fsdp_cpu",
