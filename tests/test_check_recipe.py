@@ -108,3 +108,10 @@ def test_config_json_sizes_match_a_real_model(tiny_qwen3_dir):
     lm = model.model.language_model
     real = sum(p.numel() for n, p in lm.named_parameters() if "norm" not in n)
     assert size.lm_params == real + model.lm_head.weight.numel()
+
+
+def test_the_console_script_dispatches_check_recipe(capsys):
+    from paravt.cli import main as paravt
+
+    assert paravt(["check-recipe", "experiment=paragrpo", "model.path=/m/Qwen3-VL-8B"]) == 0
+    assert "recipe OK" in capsys.readouterr().out
