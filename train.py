@@ -19,7 +19,14 @@ from paravt.errors import check_data_path, check_model_path, exit_on_user_error
 
 
 def check_inputs(cfg: DictConfig) -> None:
-    """Fail on a missing model or data path before anything is built or generated."""
+    """Fail on a config that cannot run on its ranks (`paravt check-recipe`'s checks), or a
+    missing model or data path, before anything is built or generated."""
+    from paravt.errors import UserError
+    from paravt.run.recipe import problems
+
+    found = problems(cfg)
+    if found:
+        raise UserError("; ".join(str(p) for p in found))
     model, data = cfg.get("model") or {}, cfg.get("data") or {}
     if "path" in model:
         check_model_path(model.path, model.get("build_tiny"), model.get("tiny_dir"))
@@ -30,8 +37,23 @@ def check_inputs(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from paravt.parallel.launch import end_job
+
+    try:
+        return run_job(cfg)
+    finally:
+        end_job()  # a sweep's next job starts a fresh process group
+
+
+def run_job(cfg: DictConfig) -> float | None:
     started = time.perf_counter()
     with exit_on_user_error():
+        from hydra.core.hydra_config import HydraConfig
+
+        from paravt.parallel.launch import export_job
+
+        hc = HydraConfig.get()  # the ranks Lightning starts run this job, not the command line
+        export_job(hc.overrides.task, hc.runtime.output_dir)
         from callbacks.progress import route_lightning_logs
         from paravt.run.build import build_run, maybe_cold_start, summary
         from paravt.sweep import optimized_metric
@@ -57,7 +79,13 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    import os
+    import sys
     from pathlib import Path
+
+    from paravt.parallel.launch import child_argv
+
+    sys.argv = child_argv(sys.argv, os.environ) or sys.argv  # a rank runs its parent's job
 
     from paravt.config_hints import with_config_hints
 

@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paravt.data.sft_writer",
         "write scripted-teacher needle trajectories in the ParaVT SFT schema",
     ),
+    "check-recipe": (
+        "paravt.run.recipe",
+        "check train.py overrides against devices x nodes; print a per-GPU memory plan",
+    ),
     "rollout": (
         "paravt.run.inspect",
         "run the agent on a few samples and print the trajectories",

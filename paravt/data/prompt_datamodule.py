@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import LoadReport, epoch_order, load_samples
 from paravt.errors import check_data_path, generation_dir, may_generate_data
+from paravt.parallel.collectives import on_rank0
 from paravt.parallel.distributed import shard_prompts
 from paravt.types import Sample
 
@@ -106,8 +107,11 @@ class PromptDataModule(pl.LightningDataModule):
         if self.train_samples:
             return
         check_data_path(self.train_path, False, None)
-        self.train_samples, report = load_samples(
-            self.train_path, layout=self.layout, video_check="open", fail_fast=self.fail_fast
+        # Rank 0 opens every training video once; the other ranks receive its result.
+        self.train_samples, report = on_rank0(
+            lambda: load_samples(
+                self.train_path, layout=self.layout, video_check="open", fail_fast=self.fail_fast
+            )
         )
         self.load_report = report
         log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)

@@ -28,7 +28,9 @@ class PolicySpec:
     path: str
     build_tiny: str | None = None  # "qwen3_vl" | "qwen2_5_vl": build a tiny model when missing
     attn_implementation: str = "sdpa"
-    dtype: str = "float32"
+    dtype: str = "float32"  # how the checkpoint is loaded (FSDP keeps the policy's master fp32)
+    # FSDP2 compute dtype (MixedPrecisionPolicy.param_dtype); None: bfloat16 on GPU, else float32.
+    compute_dtype: str | None = None
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
     tiny_dir: str | None = None  # the one folder a tiny model may be built in (None: `path`)

@@ -27,6 +27,7 @@ from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, se
 from paravt.parallel.distributed import (
     MicroBatch,
     Rank,
+    agree_max,
     filler_trajectory,
     global_sums,
     mean_over_ranks,
@@ -44,6 +45,7 @@ from paravt.rl.microbatch import (
     split_weights,
     token_budget_chunks,
 )
+from paravt.rl.mismatch import check_mode, mismatch_metrics, needs_trainer_logprobs
 from paravt.rl.objective import (
     AdvantageConfig,
     LossSettings,
@@ -80,6 +82,9 @@ class AlgorithmConfig:
     micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
     max_grad_norm: float = 1.0
     train_subagents: bool = False
+    # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate" or "token_mask".
+    engine_is_correction: str | None = None
+    engine_is_cap: float = 2.0
 
 
 ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
@@ -120,6 +125,7 @@ class GRPOModule(pl.LightningModule):
         # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
+        check_mode(algorithm.engine_is_correction)
         self.scheduler_factory = scheduler
         self.seed = seed
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
@@ -197,7 +203,9 @@ class GRPOModule(pl.LightningModule):
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
         metrics |= batch.counts
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
-        metrics = mean_over_ranks(metrics, sums=("update/trajectories", *SKIP_SUMS))
+        # Ranks hold unequal shares when B is not a multiple of W: weigh each by its rollouts.
+        sums = ("update/trajectories", *SKIP_SUMS)
+        metrics = mean_over_ranks(metrics, sums=sums, weight=len(trajs))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))
@@ -251,6 +259,9 @@ class GRPOModule(pl.LightningModule):
         # An empty batch (every group dropped as zero-variance) still takes one (no-op) step, so
         # the step count, the checkpoints and the data position keep moving together.
         minis = split_even(list(range(len(items))), self.algo.ppo_mini_batches) or [[]]
+        # Every rank takes the same number of optimiser steps (a rank with fewer items, or none,
+        # runs empty mini-batches of zero-weight passes): each step is a collective.
+        minis += [[]] * (agree_max(len(minis)) - len(minis))
         for _ in range(self.algo.ppo_epochs):
             for mini in minis:
                 chosen = [items[i] for i in mini]
@@ -267,7 +278,7 @@ class GRPOModule(pl.LightningModule):
 
     def _proximal_logprobs(self, trajs, temperature: float) -> list[torch.Tensor | None]:
         """pi_prox for the decoupled loss: the policy before this update, one pass, no grad."""
-        if self.algo.loss != "decoupled_ppo":
+        if not needs_trainer_logprobs(self.algo.loss, self.algo.engine_is_correction):
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
@@ -348,6 +359,8 @@ class GRPOModule(pl.LightningModule):
             reference=reference,
         )
         objective, metrics = micro_objective(terms, self._loss_settings(), weights)
+        if prox[0] is not None:  # the trainer's pre-update log-probs vs the engine's
+            metrics |= mismatch_metrics(proximal, behaviour, mask, self.algo.engine_is_cap)
         self.manual_backward(objective)
         return metrics
 
@@ -363,6 +376,8 @@ class GRPOModule(pl.LightningModule):
             kl_estimator=algo.kl_estimator,
             kl_coef=algo.kl_coef,
             anchor_coef=self.anchor_coef,
+            engine_is_correction=algo.engine_is_correction,
+            engine_is_cap=algo.engine_is_cap,
         )
 
     def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:

@@ -143,6 +143,12 @@ class RolloutDataModule(PromptDataModule):
             self.engine.sync_weights(module.policy, module.policy_version)
         return time.perf_counter() - t0
 
+    def end_step(self) -> None:
+        """The step's last agent round is done: an engine with a sleep mode may sleep now."""
+        end = getattr(self.engine, "end_step", None)
+        if callable(end):
+            end()
+
     def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         if self.budget_sampler is None:
             return [self.rollout.default_budget] * len(samples)
@@ -167,6 +173,7 @@ class RolloutDataModule(PromptDataModule):
         t0 = time.perf_counter()
         result = self._run(agent, samples, budgets, params)
         trajs = list(result)
+        self.end_step()
         if result.video_errors:
             samples, budgets, trajs = self._drop_bad(
                 batch.step, samples, budgets, trajs, skipped, result.video_errors
@@ -270,6 +277,7 @@ class RolloutDataModule(PromptDataModule):
             skip_bad_videos=not self.fail_fast,
         )
         errors = run.video_errors
+        self.end_step()
         for s in samples:  # an undecodable held-out video is scored as no answer, and counted
             if s.id in errors and s.video not in self.eval_video_errors:
                 self.eval_video_errors[s.video] = errors[s.id]

@@ -3,8 +3,9 @@
 Under FSDP every forward and backward pass is a collective (parameters are all-gathered layer by
 layer, gradients reduce-scattered), so every rank must run the same NUMBER of passes even when
 its rollouts differ. This file holds the small rules that make that true:
-- `shard_prompts`: rank r of W takes its own contiguous B/W prompts of every global step (a
-  prompt's G rollouts stay on one rank, so group advantages are computed locally);
+- `shard_prompts`: rank r of W takes its own contiguous share of every global step's B prompts,
+  dealt as evenly as B allows (7 prompts on 8 ranks: one each, the last rank none; a prompt's
+  G rollouts stay on one rank, so group advantages are computed locally);
 - `agree_max` / `pad_micro_batches`: all ranks do max-over-ranks micro-batches, the missing ones
   being zero-weight dummies (still a real forward/backward, so the collectives match);
 - `token_loss_scale`: the weight that makes FSDP's gradient average over ranks equal the
@@ -12,7 +13,8 @@ its rollouts differ. This file holds the small rules that make that true:
 - `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done;
 - `iter_full_state_dict` / `load_buckets`: full weights gathered from the shards bucket by bucket,
   into each rank's own unsharded rollout engine (transformers copy or vLLM);
-- `mean_over_ranks` / `global_sums`: step metrics and loss divisors of the global batch.
+- `mean_over_ranks` / `global_sums`: step metrics and loss divisors of the global batch, sent
+  through `paravt.parallel.collectives` (the device and dtype each backend requires).
 It works without an initialised process group (world size 1), and deliberately knows nothing of
 Lightning, Hydra or the model.
 """
@@ -25,6 +27,8 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from paravt.parallel import collectives
 
 T = TypeVar("T")
 
@@ -43,70 +47,86 @@ class Rank:
         return cls(dist.get_rank(group), dist.get_world_size(group))
 
 
+def shard_bounds(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of rank `rank`'s prompts among a global step's `batch_size`.
+
+    Dealt contiguously and as evenly as possible: the first `batch_size % world_size` ranks take
+    one prompt more. With fewer prompts than ranks (the paper's 7 prompts on 8 GPUs) the last
+    ranks take none: they generate nothing and run zero-weight passes that keep the sharded
+    model's collectives in step; the loss divisors are global, so the update equals one rank's.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    per, extra = divmod(batch_size, world_size)
+    start = rank * per + min(rank, extra)
+    return start, start + per + (rank < extra)
+
+
 def shard_prompts(prompts: Sequence[T], rank: int, world_size: int) -> tuple[T, ...]:
-    """Rank `rank`'s contiguous B/W slice of one global step's B prompts.
+    """Rank `rank`'s contiguous share (`shard_bounds`) of one global step's B prompts.
 
     Every rank sees the same global batch (same `step`, same order) and keeps its own slice, so
     the union over ranks is the global batch exactly once and no group is split.
     """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    b = len(prompts)
-    if b % world_size:
-        fix = -(-b // world_size) * world_size
-        raise ValueError(
-            f"data.batch_size={b} prompts cannot be split evenly over {world_size} ranks; "
-            f"set data.batch_size to a multiple of {world_size} (e.g. {fix})"
-        )
-    per = b // world_size
-    return tuple(prompts[rank * per : (rank + 1) * per])
+    start, stop = shard_bounds(len(prompts), rank, world_size)
+    return tuple(prompts[start:stop])
 
 
-def _reduce(value: float, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> float:
-    if Rank.current(group).world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=op, group=group)
-    return float(t.item())
+def _integral(xs: Sequence[float]) -> list[int]:
+    out = [round(float(x)) for x in xs]
+    if any(abs(float(x) - i) > 1e-9 for x, i in zip(xs, out, strict=True)):
+        raise ValueError(f"global sums carry counts (integers), got {list(xs)}")
+    return out
 
 
 def agree_max(n: int, group: dist.ProcessGroup | None = None) -> int:
-    """The largest `n` over the ranks (all_reduce MAX); `n` itself on one rank."""
-    return int(_reduce(float(n), dist.ReduceOp.MAX, group))
+    """The largest `n` over the ranks (all_reduce MAX, int64); `n` itself on one rank."""
+    if Rank.current(group).world_size == 1:
+        return int(n)
+    return collectives.reduce_ints([int(n)], dist.ReduceOp.MAX, group)[0]
 
 
 def global_sum(x: float, group: dist.ProcessGroup | None = None) -> float:
-    """Sum of `x` over the ranks (all_reduce SUM); `x` itself on one rank."""
-    return _reduce(float(x), dist.ReduceOp.SUM, group)
+    """Sum of the count `x` over the ranks (all_reduce SUM); `x` itself on one rank."""
+    return global_sums([x], group)[0]
 
 
 def global_sums(xs: Sequence[float], group: dist.ProcessGroup | None = None) -> list[float]:
-    """Element-wise sums of `xs` over the ranks, in one all_reduce; `xs` itself on one rank."""
+    """Element-wise sums of the counts `xs` over the ranks, in one int64 all_reduce (exact on
+    every backend); `xs` itself on one rank. Counts only: a fractional value is refused."""
     if Rank.current(group).world_size == 1:
         return [float(x) for x in xs]
-    t = torch.tensor([float(x) for x in xs], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-    return t.tolist()
+    return [float(v) for v in collectives.reduce_ints(_integral(xs), dist.ReduceOp.SUM, group)]
 
 
 def mean_over_ranks(
     metrics: dict[str, float],
     sums: Sequence[str] = (),
     group: dist.ProcessGroup | None = None,
+    weight: float = -1.0,
 ) -> dict[str, float]:
     """Each metric averaged over the ranks that report it (ranks may report different keys,
     e.g. a per-budget metric only where that budget was drawn); the `sums` keys (counts) are
-    summed. One gather per call. With equal shares per rank (B/W prompts x G each) the mean of
-    per-rank means is the global mean for per-trajectory figures; token-weighted ones (losses)
-    are the ranks' average, as Lightning's `sync_dist` would give."""
+    summed. One gather per call. `weight` (>= 0: this rank's trajectory count) weights each
+    rank's value, so per-trajectory means are the global batch's even when the ranks hold
+    unequal shares (a rank with no prompts counts for nothing); a key every reporting rank
+    weighs 0, or `weight` < 0, gets the plain mean over ranks. Token-weighted figures (losses)
+    are the ranks' trajectory-weighted average."""
     if Rank.current(group).world_size == 1:
         return dict(metrics)
-    gathered: list[dict[str, float] | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, dict(metrics), group=group)
+    gathered = collectives.all_gather_object((dict(metrics), float(weight)), group)
     out = {}
-    for k in sorted({k for m in gathered for k in m}):
-        values = [m[k] for m in gathered if k in m]
-        out[k] = sum(values) if k in sums else sum(values) / len(values)
+    for k in sorted({k for m, _ in gathered for k in m}):
+        pairs = [(m[k], w) for m, w in gathered if k in m]
+        total = sum(w for _, w in pairs)
+        if k in sums:
+            out[k] = sum(v for v, _ in pairs)
+        elif weight >= 0 and total > 0:
+            out[k] = sum(v * w for v, w in pairs) / total
+        else:
+            out[k] = sum(v for v, _ in pairs) / len(pairs)
     return out
 
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from paravt.parallel import collectives
 from paravt.parallel.distributed import iter_full_state_dict, load_buckets  # noqa: F401 - re-exported
 
 EXTRA_FILE = "paravt_extra.pt"
@@ -49,11 +50,23 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
-    """bf16 compute with fp32 gradient reduction on GPU; full fp32 (no policy) elsewhere."""
-    if device_type != "cuda":
+def mixed_precision(device_type: str, compute_dtype: str | None = None) -> MixedPrecisionPolicy:
+    """FSDP2's policy: `compute_dtype` (None: bfloat16 on GPU, float32 elsewhere) for forward and
+    backward, gradients reduced in fp32. The sharded parameters themselves stay fp32 (the
+    master weights AdamW updates: `fp32_master`); the trainer's precision must be `32-true`,
+    since Lightning's `bf16-true` would cast them to bf16 before FSDP sees them."""
+    name = compute_dtype or ("bfloat16" if device_type == "cuda" else "float32")
+    dtype = getattr(torch, name)
+    if dtype == torch.float32:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def fp32_master(model: nn.Module) -> nn.Module:
+    """`model`'s floating parameters and buffers (rotary `inv_freq`) in float32, in place: the
+    master weights of a mixed-precision run (free on a meta skeleton). A bf16 master rounds an
+    Adam step of lr 2e-6 to zero for most weights (docs/multi_gpu.md)."""
+    return model.to(torch.float32)
 
 
 def shard_policy(
@@ -107,7 +120,7 @@ def materialize_sharded(model: nn.Module, spec, device: torch.device | str) -> N
         if name not in persistent:  # a plain tensor on every rank: broadcast rank 0's values
             if source is not None:
                 buffer.copy_(own[name].to(buffer.device))
-            dist.broadcast(buffer, src=0)
+            collectives.broadcast(buffer, src=0)
     del source, full
 
 
@@ -137,7 +150,9 @@ def configure_sharding(module, spec, policy: nn.Module, *frozen: nn.Module | Non
             "gradients of the same parameters on every rank; keep model.freeze_vision=true "
             "(the paper's setting) with trainer=fsdp"
         )
-    dp, mp = mesh["data_parallel"], mixed_precision(module.device.type)
+    compute = getattr(spec, "compute_dtype", None)
+    dp, mp = mesh["data_parallel"], mixed_precision(module.device.type, compute)
+    fp32_master(policy)  # the frozen models keep model.dtype: they are never updated
     ckpt = bool(getattr(policy, "is_gradient_checkpointing", False))
     shard_policy(policy, dp, mixed_precision=mp, activation_checkpointing=ckpt)
     models = [policy, *(m for m in frozen if m is not None)]

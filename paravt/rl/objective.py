@@ -26,9 +26,10 @@ from paravt.rl.advantages import (
     shape_rewards,
     zero_variance_groups,
 )
-from paravt.rl.losses import get_policy_loss, kl_loss
+from paravt.rl.losses import kl_loss
 from paravt.rl.metrics import f_tau, format_compliance, kappa
 from paravt.rl.microbatch import MicroWeights
+from paravt.rl.mismatch import policy_loss
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -131,6 +132,8 @@ class LossSettings:
     kl_estimator: str = "k1"
     kl_coef: float = 0.0
     anchor_coef: float = 0.0
+    engine_is_correction: str | None = None  # paravt.rl.mismatch: engine/trainer correction
+    engine_is_cap: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,8 @@ def micro_objective(
     L_anchor only with `structural` and a non-zero coefficient, L_kl only with `reference`
     (the KL as a loss term; folded into the reward instead, it is not here)."""
     logp, mask, behaviour = terms.logp, terms.mask, terms.behaviour
-    loss, m = get_policy_loss(settings.loss)(
+    corrected = policy_loss(settings.loss, settings.engine_is_correction, settings.engine_is_cap)
+    loss, m = corrected(
         logp,
         terms.proximal,
         behaviour,

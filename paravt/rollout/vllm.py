@@ -15,6 +15,11 @@ log-probs at T = 1). Each request gets its own seed, so the G copies of a prompt
 Weights. `sync_weights` streams the policy's tensors in buckets of `sync_bucket_mb` into vLLM's
 `reload_weights` (never a second full copy), then resets the prefix cache and the multimodal /
 encoder caches (vision embeddings computed with the old weights must not be reused).
+
+Sleep mode (GPU): the engine sleeps once per step, after the step's last agent round
+(`end_step`), never between rounds (the prefix cache carries a trajectory's rounds); the next
+sync wakes the weights, reloads them, then wakes the KV cache, the allocator's cache emptied
+before each wake. Under a multi-GPU launch see `paravt.rollout.vllm_launch`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from paravt.rollout.engine import (
     GenerationRequest,
     SamplingParams,
 )
+from paravt.rollout.vllm_launch import gpu_launch_kwargs, keep_engine_in_process, launch_world
 
 # vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
 # small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls, compiled per shape
@@ -51,6 +57,12 @@ def _on_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    torch.cuda.empty_cache()  # nothing to do (and no error) without CUDA
 
 
 def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
@@ -75,6 +87,8 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
             "tensor_parallel_size": cfg.tensor_parallel_size,
             "enable_sleep_mode": cfg.enable_sleep_mode,
         }
+        # Under a W-rank launch: external_launcher, each rank's engine on its own GPU.
+        kwargs |= gpu_launch_kwargs(cfg.tensor_parallel_size, launch_world()[1])
     else:
         kwargs["enforce_eager"] = True
     return kwargs
@@ -155,7 +169,8 @@ class VLLMEngine:
         self.placeholder_text, self.placeholder_ids = video_placeholder(processor)
         self._expansions: dict[tuple, tuple[int, ...]] = {}
         self._version = 0
-        self._sleeping = False
+        self._asleep: set[str] = set()  # sleep-mode parts released: "weights", "kv_cache"
+        self.empty_cache = _empty_cuda_cache  # frees the allocator's cached blocks before waking
         self.last_sync_s = 0.0
 
     @classmethod
@@ -165,6 +180,7 @@ class VLLMEngine:
             for key, value in CPU_ENV.items():
                 os.environ.setdefault(key, value)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gb))
+        keep_engine_in_process()  # the in-place reload cannot cross into a child process
         try:
             import vllm
         except ImportError as err:
@@ -195,7 +211,6 @@ class VLLMEngine:
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
         sampling = [self._sampling(params, i) for i in range(len(requests))]
         outs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        self._maybe_sleep()
         results = []
         for i, (req, out) in enumerate(zip(requests, outs, strict=True)):
             self._check_expansion(i, req, out.prompt_token_ids)
@@ -205,16 +220,24 @@ class VLLMEngine:
     def sync_weights(self, policy, version: int) -> None:
         """Stream `policy`'s weights into vLLM in place; reset every cache that holds old ones."""
         t0 = time.perf_counter()
-        self._wake()
+        self._wake(("weights",))  # weights first; the KV cache only once they are in place
         self.llm.collective_rpc(
             "reload_weights",
             kwargs={"weights_iterator": self._buckets(policy), "is_checkpoint_format": True},
         )
+        self._wake(("kv_cache",))
         self._reset_caches()
         self._expansions.clear()
         self._version = version
-        self._maybe_sleep()
         self.last_sync_s = time.perf_counter() - t0
+
+    def end_step(self) -> None:
+        """After a step's last agent round: sleep (sleep mode on a GPU), releasing the KV cache
+        and offloading the weights for the update. Once per step, not per round, so the
+        prefix cache lives across a trajectory's rounds."""
+        if self.cfg.enable_sleep_mode and _on_gpu() and not self._asleep:
+            self.llm.sleep(level=1)  # level 1 keeps a host copy: a stale-allowed engine is not
+            self._asleep = {"weights", "kv_cache"}  # synced on every wake
 
     # ---- requests ---------------------------------------------------------------------------
     def _prompt(self, i: int, req: GenerationRequest) -> dict[str, Any]:
@@ -342,12 +365,12 @@ class VLLMEngine:
         if callable(getattr(engine, "reset_encoder_cache", None)):
             engine.reset_encoder_cache()
 
-    def _wake(self) -> None:
-        if self._sleeping:
-            self.llm.wake_up()
-            self._sleeping = False
-
-    def _maybe_sleep(self) -> None:
-        if self.cfg.enable_sleep_mode and _on_gpu():
-            self.llm.sleep(level=1)
-            self._sleeping = True
+    def _wake(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
+        """Wake the sleeping parts among `tags`, the allocator's cached blocks freed first (TRL's
+        and verl's order: weights, load them, then the KV cache)."""
+        todo = [t for t in tags if t in self._asleep]
+        if not todo:
+            return
+        self.empty_cache()
+        self.llm.wake_up(tags=todo)
+        self._asleep -= set(todo)

@@ -2,7 +2,8 @@
 
 A plain subprocess launcher (what torchrun does, minus elasticity): one free loopback port, the
 RANK / WORLD_SIZE / MASTER_* environment, one thread per rank, a hard wall-clock limit so a hang
-fails the test instead of the CI job.
+fails the test instead of the CI job. The ranks check their collectives under the NCCL rule
+(`PARAVT_COLLECTIVE_RULE=nccl`, paravt.parallel.collectives) while the transport is gloo.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def launch(args: list[str], out: Path, world_size: int = 2, timeout: float = 420
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
             "OMP_NUM_THREADS": "1",
+            # Simulated NCCL on gloo: every paravt collective must hand over tensors built on
+            # the backend's device, int64 / float32 (paravt.parallel.collectives).
+            "PARAVT_COLLECTIVE_RULE": "nccl",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
         log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after wait

@@ -30,13 +30,6 @@ def test_rank_1_of_2_gets_the_second_half():
     assert shard_prompts(["a", "b", "c", "d"], 1, 2) == ("c", "d")
 
 
-def test_uneven_batch_names_the_fix():
-    with pytest.raises(ValueError, match=r"data.batch_size=7 .* multiple of 2 \(e.g. 8\)"):
-        shard_prompts(list(range(7)), 0, 2)
-    with pytest.raises(ValueError, match="rank 2 is not in a world of size 2"):
-        shard_prompts(list(range(4)), 2, 2)
-
-
 def test_single_process_needs_no_process_group():
     assert Rank.current() == Rank(0, 1)
     assert agree_max(3) == 3 and global_sum(2.5) == 2.5

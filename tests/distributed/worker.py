@@ -325,6 +325,32 @@ def without_variance(batch, step: int, prompts: int):
     return replace(batch, step=step, trajectories=tuple(trajs))
 
 
+def first_prompts(batch, step: int, prompts: int):
+    """`batch` as step `step` with its first `prompts` prompts only (an odd global batch)."""
+    from dataclasses import replace
+
+    g = batch.group_size
+    return replace(
+        batch,
+        step=step,
+        samples=batch.samples[:prompts],
+        budgets=batch.budgets[:prompts],
+        durations=batch.durations[:prompts],
+        trajectories=batch.trajectories[: prompts * g],
+    )
+
+
+def _rogue_collective() -> str:
+    """What the checked layer says to a CPU float64 tensor made by hand (the old code's)."""
+    from paravt.parallel import collectives
+
+    try:
+        collectives.all_reduce(torch.tensor([1.0], dtype=torch.float64))
+    except collectives.CollectiveError as error:
+        return str(error)
+    return "accepted"
+
+
 def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     """2 PARA-GRPO steps of GRPOModule (KL on, anchor on, many micro-batches) on this rank's
     share of fixed rollout batches, through a Lightning Trainer on `WORLD_SIZE` CPU processes."""
@@ -359,9 +385,11 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     class Record(pl.Callback):
         def __init__(self):
             self.metrics: list[dict[str, float]] = []
+            self.trajectories: list[int] = []
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.metrics.append({k: float(v) for k, v in trainer.logged_metrics.items()})
+            self.trajectories.append(len(batch.trajectories))
 
     record = Record()
     strategy = "auto"
@@ -382,6 +410,9 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     )
     trainer.fit(module, datamodule=Batches())
     res = {"weights": full_weights(module.policy), "metrics": record.metrics}
+    res["trajectories"] = record.trajectories
+    if world > 1:
+        res["rogue_collective"] = _rogue_collective()
     res["policy_local"] = _local(module.policy)
     res["reference_local"] = _local(module.reference)
     res["full"] = sum(p.numel() for p in module.reference.parameters())
@@ -413,7 +444,18 @@ def main(argv: list[str]) -> None:
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
-        res = SCENARIOS[scenario](model_dir, out, ckpt)
+        if scenario == "precision":  # tests/distributed/precision_worker.py
+            sys.path.insert(0, str(Path(__file__).parent))
+            from precision_worker import run as precision
+
+            res = precision(model_dir)
+        elif scenario == "setup_once":  # tests/distributed/setup_worker.py
+            sys.path.insert(0, str(Path(__file__).parent))
+            from setup_worker import run as setup_once
+
+            res = setup_once(model_dir)  # here: the training prompts' file
+        else:
+            res = SCENARIOS[scenario](model_dir, out, ckpt)
         torch.save(res, out / f"rank{dist.get_rank()}.pt")
     finally:
         dist.destroy_process_group()

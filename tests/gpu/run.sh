@@ -18,4 +18,4 @@ if [ $# -ge 1 ]; then
 else
   BENCH=(--prompts 8 --group 8 --new-tokens 128)
 fi
-timeout 220 "$PY" bench/rollout_engines.py "${BENCH[@]}" | tee "$OUT/rollout_engines.txt"
+timeout 220 "$PY" benchmarks/rollout_engines.py "${BENCH[@]}" | tee "$OUT/rollout_engines.txt"

@@ -35,7 +35,8 @@ def test_sleep_mode_engine_syncs_and_matches_the_trainer(tool_caller, needle_sam
     agent = AgentConfig(max_rounds=2, max_new_tokens=160)
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
     params = SamplingParams(temperature=0.7, seed=0)
-    loop.run(needle_samples[:2], [4, 4], 2, params)  # the engine sleeps after every call
+    loop.run(needle_samples[:2], [4, 4], 2, params)
+    engine.end_step()  # sleeps once, after the step's last round (as the DataModule calls it)
     policy = copy.deepcopy(model).cuda()
     with torch.no_grad():
         for p in policy.parameters():

@@ -50,7 +50,7 @@ def test_fsdp_gpu_recipe_values(tmp_path):
     cfg = compose_cfg(["trainer=fsdp", f"run_dir={tmp_path}"])
     assert (cfg.trainer.devices, cfg.trainer.precision, cfg.trainer.accelerator) == (
         8,
-        "bf16-true",
+        "32-true",  # fp32 master weights; bf16 compute is FSDP2's policy
         "gpu",
     )
 
@@ -90,3 +90,9 @@ def test_multirun_with_the_sweep_config_returns_the_metric(train_py, tmp_path, t
         assert 0.0 <= float(value) <= 1.0  # one held-out sample: 0 or 1
     jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())
     assert jobs == ["0", "1"]
+
+
+def test_data_parallel_size_is_devices_times_nodes(tmp_path):
+    cfg = compose_cfg(["experiment=paragrpo", f"run_dir={tmp_path}", "trainer.num_nodes=2"])
+    strategy = instantiate(cfg.trainer.strategy)
+    assert strategy._data_parallel_size == 16 and strategy._tensor_parallel_size == 1

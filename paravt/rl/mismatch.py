@@ -1,0 +1,90 @@
+"""Engine / trainer mismatch: truncated importance weights between the two sets of log-probs.
+
+A bf16 rollout engine (vLLM, or transformers in bf16) and the FSDP trainer compute slightly
+different log-probs for the same tokens. Plain PPO anchors its ratio to the ENGINE's log-probs,
+so the mismatch is read as a policy change and clipped away. The standard correction (TRL's
+`vllm_importance_sampling_correction`, on by default there, with `vllm_importance_sampling_mode`
+and `vllm_importance_sampling_cap` = 2; truncated importance sampling of Yao et al. 2025)
+anchors the ratio to the trainer's own log-probs before the update, pi_old, and weights each
+token by w = pi_old / pi_engine, truncated at a cap:
+
+    token_truncate   w = min(w, cap)                    (TRL's default mode, clamp)
+    token_mask       w = 0 where w > cap, else w        (AReaL-style masking)
+
+That is exactly decoupled PPO with pi_prox = pi_old and pi_behav = pi_engine
+(`paravt.rl.losses.decoupled_ppo_loss`), so the correction reuses it. This module also measures
+the mismatch for logging. Pure tensors in, tensors and floats out; no model runs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from paravt.rl.losses import decoupled_ppo_loss, get_policy_loss, masked_mean
+
+MODES = {"token_truncate": "clamp", "token_mask": "mask"}
+
+
+def check_mode(mode: str | None) -> None:
+    if mode is not None and mode not in MODES:
+        raise ValueError(
+            f"algorithm.engine_is_correction must be null or one of {sorted(MODES)}, got {mode!r}"
+        )
+
+
+def needs_trainer_logprobs(loss: str, mode: str | None) -> bool:
+    """Whether the update needs the trainer's own pre-update log-probs (one no-grad pass)."""
+    return loss == "decoupled_ppo" or mode is not None
+
+
+def policy_loss(loss: str, mode: str | None, cap: float) -> Callable:
+    """The registry's loss `loss`, corrected for the engine mismatch when `mode` is set.
+
+    With a mode, plain PPO becomes decoupled PPO against the trainer's log-probs with the
+    truncated weight; `decoupled_ppo` keeps its own `iw_cap` (it already corrects) but takes
+    the mode's capping rule. Every entry keeps the registry's call signature."""
+    check_mode(mode)
+    if mode is None:
+        return get_policy_loss(loss)
+    if cap < 1.0:
+        raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {cap}")
+    if loss == "ppo":
+
+        def corrected(*args, iw_cap=None, **kwargs):
+            return decoupled_ppo_loss(*args, iw_cap=cap, iw_cap_mode=MODES[mode], **kwargs)
+
+        return corrected
+    return partial(get_policy_loss(loss), iw_cap_mode=MODES[mode])
+
+
+def mismatch_metrics(
+    trainer_logp: Tensor,  # [N, T] the trainer's log-probs of the sampled tokens
+    engine_logp: Tensor,  # [N, T] the engine's log-probs of the same tokens
+    mask: Tensor,  # [N, T] trained tokens
+    cap: float,
+) -> dict[str, float]:
+    """How far the engine is from the trainer on the trained tokens.
+
+    `k3_kl`: (r - 1) - log r with r = pi_trainer / pi_engine, a non-negative estimate of
+    KL(engine || trainer) from the engine's samples; `abs_logprob_diff` mean and max;
+    `iw_above_cap`: share of tokens whose weight pi_trainer / pi_engine exceeds the cap.
+    """
+    keep = mask.bool()
+    if not keep.any():
+        return {}
+    d = torch.where(keep, trainer_logp.detach().float() - engine_logp.float(), 0.0).clamp(-20, 20)
+    r = torch.exp(d)
+    out = torch.stack(
+        [
+            masked_mean((r - 1.0) - d, keep),
+            masked_mean(d.abs(), keep),
+            torch.where(keep, d.abs(), 0.0).amax(),
+            masked_mean((r > cap).float(), keep),
+        ]
+    ).tolist()
+    names = ("k3_kl", "abs_logprob_diff", "abs_logprob_diff_max", "iw_above_cap")
+    return {f"mismatch/{k}": float(v) for k, v in zip(names, out, strict=True)}

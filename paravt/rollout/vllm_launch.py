@@ -1,0 +1,55 @@
+"""vLLM inside a multi-GPU trainer launch: one engine per rank, on the rank's own GPU, in-process.
+
+Under Lightning / torchrun every rank builds its own `vllm.LLM` (colocated with the FSDP
+trainer, as TRL's `vllm_mode="colocate"` and verl's hybrid engine do). Three rules follow:
+- placement: vLLM's default single-process executor puts every engine on `cuda:0`; with
+  `distributed_executor_backend="external_launcher"` it reads RANK / LOCAL_RANK and reuses the
+  trainer's process group, each rank on `cuda:LOCAL_RANK`, the W engines as vLLM's external
+  data-parallel replicas (`data_parallel_size=W`, each generating its own prompts);
+- process: the engine core must run in the trainer's process (VLLM_ENABLE_V1_MULTIPROCESSING=0):
+  the in-place reload streams weights gathered from the FSDP shards, which cannot cross into a
+  child process;
+- tensor parallelism: a per-rank engine with `tensor_parallel_size > 1` would need a TP group
+  of ranks holding identical prompts; paravt refuses it at start-up and names the alternative.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from paravt.errors import UserError
+
+
+def launch_world() -> tuple[int, int]:
+    """(rank, world size) of the launch this process belongs to (1 process: (0, 1))."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_tensor_parallel(tensor_parallel_size: int, world: int) -> None:
+    """Refuse a per-rank engine with tensor parallelism under a data-parallel launch."""
+    if tensor_parallel_size > 1 and world > 1:
+        raise UserError(
+            f"rollout.engine.tensor_parallel_size={tensor_parallel_size} under a {world}-rank "
+            "data-parallel launch: each rank builds its own vLLM engine, which cannot form a "
+            "tensor-parallel group across the trainer's ranks; set "
+            "rollout.engine.tensor_parallel_size=1 (every rank's engine holds the whole model "
+            "in bf16 while FSDP shards the trainer) or use rollout/engine=hf"
+        )
+
+
+def gpu_launch_kwargs(tensor_parallel_size: int, world: int) -> dict[str, Any]:
+    """The `vllm.LLM` arguments that place a rank's engine under a W-rank GPU launch."""
+    check_tensor_parallel(tensor_parallel_size, world)
+    if world <= 1:
+        return {}
+    return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world}
+
+
+def keep_engine_in_process() -> None:
+    """The engine core in this process (also on GPU), so weights can be reloaded in place."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -1,0 +1,192 @@
+"""A per-GPU memory plan of a training config, from the model's published sizes (no GPU needed).
+
+Like DeepSpeed's `estimate_zero3_model_states_mem_needs`, but for paravt's whole step: FSDP2
+shards of the fp32 master weights, gradients and AdamW moments over W = devices x num_nodes
+ranks, the frozen reference, each rank's unsharded rollout engine with its KV cache, and the
+training activations of one micro-batch with and without activation checkpointing. The step has
+two phases that do not overlap in time: rollout (engine KV cache) then update (activations);
+the peak is the resident state plus the larger phase. Estimates from formulas, not measurements:
+`docs/multi_gpu.md` says which figures a GPU run has confirmed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The sizes of a Qwen-VL checkpoint that set its memory (language model + vision tower)."""
+
+    name: str
+    total_params: int  # everything, vision tower included
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: q, o (hidden x hidden), k, v (hidden x kv), the SwiGLU MLP."""
+        kv = self.kv_heads * self.head_dim
+        return (
+            2 * self.hidden * self.hidden
+            + 2 * self.hidden * kv
+            + 3 * self.hidden * self.intermediate
+        )
+
+    @property
+    def lm_params(self) -> int:
+        """The language model: decoder layers, input embedding and (untied) output head."""
+        return self.layers * self.layer_params + 2 * self.vocab * self.hidden
+
+    @property
+    def vision_params(self) -> int:
+        return max(self.total_params - self.lm_params, 0)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer in bf16."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+# Published sizes (the models' config.json; parameter totals of their model cards:
+# Qwen3-VL-8B 8.77B, Qwen2.5-VL-7B 8.29B). The vision tower is the difference.
+PUBLISHED = {
+    "qwen3_vl_8b": ModelSize("Qwen3-VL-8B", 8_770_000_000, 36, 4096, 12288, 8, 128, 151936),
+    "qwen2_5_vl_7b": ModelSize("Qwen2.5-VL-7B", 8_290_000_000, 28, 3584, 18944, 4, 128, 152064),
+}
+_NAMES = {"qwen3-vl-8b": "qwen3_vl_8b", "qwen2.5-vl-7b": "qwen2_5_vl_7b"}
+
+
+def from_config_json(path: Path) -> ModelSize:
+    """Sizes of a local checkpoint (e.g. a tiny model) from its config.json and weights."""
+    cfg = json.loads((path / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    heads = text["num_attention_heads"]
+    size = ModelSize(
+        name=path.name,
+        total_params=0,
+        layers=text["num_hidden_layers"],
+        hidden=text["hidden_size"],
+        intermediate=text["intermediate_size"],
+        kv_heads=text.get("num_key_value_heads", heads),
+        head_dim=text.get("head_dim") or text["hidden_size"] // heads,
+        vocab=text["vocab_size"],
+    )
+    from dataclasses import replace
+
+    return replace(size, total_params=size.lm_params)
+
+
+def model_size(model_cfg) -> ModelSize | None:
+    """The sizes of `model.path`: a published Qwen-VL named in the path, else the local
+    checkpoint's config.json, else None (the plan then says what to pass)."""
+    path = str(model_cfg.get("path") or "")
+    low = path.lower()
+    for key, name in _NAMES.items():
+        if key in low:
+            return PUBLISHED[name]
+    if (Path(path) / "config.json").exists():
+        return from_config_json(Path(path))
+    return None
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What of the config the plan reads (`plan_inputs` builds it from the composed config)."""
+
+    world: int
+    prompts_per_rank: int
+    group_size: int
+    max_total_tokens: int
+    micro_batch_tokens: int
+    kl: bool
+    freeze_vision: bool
+    adam_bytes: int  # bytes of optimiser state per trainable parameter (AdamW fp32: 8)
+    engine: str  # "hf" | "vllm"
+    vllm_share: float  # gpu_memory_utilization
+    sleep_mode: bool
+    checkpointing: bool
+    gpu_gb: float
+
+
+def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
+    """Bytes per GPU of each item, the phases and the peak (keys as printed)."""
+    w, p = x.world, size.total_params
+    trainable = size.lm_params if x.freeze_vision else p
+    gpu = x.gpu_gb * 1e9
+    t = max(x.micro_batch_tokens, x.max_total_tokens)  # one trajectory never splits
+    layer_acts = (
+        t * (6 * size.hidden + 2 * size.kv_heads * size.head_dim + 4 * size.intermediate) * 2
+    )
+    out = {
+        "policy fp32 master (sharded)": 4 * p / w,
+        "gradients fp32 (sharded, trainable)": 4 * trainable / w,
+        "AdamW moments (sharded)": x.adam_bytes * trainable / w,
+        "reference bf16 (sharded)": 2 * p / w if x.kl else 0.0,
+        "gathered bf16 layers (2 in flight)": 2 * 2 * size.layer_params,
+    }
+    kv_need = x.prompts_per_rank * x.group_size * x.max_total_tokens * size.kv_bytes_per_token
+    if x.engine == "vllm":
+        reserved = x.vllm_share * gpu
+        out["engine weights bf16 (vLLM, full copy)"] = 2 * p
+        out["engine KV cache (vLLM reservation)"] = max(reserved - 2 * p, 0.0)
+        kv_phase = 0.0
+    else:
+        out["engine weights bf16 (own full copy)"] = 2 * p
+        kv_phase = kv_need
+    logits = t * size.vocab * 2
+    act_ckpt = size.layers * t * size.hidden * 2 + layer_acts + logits
+    act_full = size.layers * layer_acts + logits
+    resident = sum(out.values())
+    if x.engine == "vllm" and x.sleep_mode:  # asleep during the update: weights + KV released
+        resident_update = resident - out["engine weights bf16 (vLLM, full copy)"]
+        resident_update -= out["engine KV cache (vLLM reservation)"]
+    else:
+        resident_update = resident
+    acts = act_ckpt if x.checkpointing else act_full
+    out |= {
+        "rollout: KV cache needed at max_total_tokens": kv_need,
+        "update: activations, checkpointing": act_ckpt,
+        "update: activations, no checkpointing": act_full,
+        "peak rollout phase": resident + kv_phase,
+        "peak update phase": resident_update + acts,
+    }
+    out["peak"] = max(out["peak rollout phase"], out["peak update phase"])
+    out["gpu"] = gpu
+    return out
+
+
+def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> str:
+    """The plan as the table `paravt check-recipe` prints (GiB per GPU)."""
+    lines = [
+        f"memory plan per GPU: {size.name} ({size.total_params / 1e9:.2f}B parameters, "
+        f"{size.lm_params / 1e9:.2f}B language model), W = {x.world} ranks, "
+        f"{x.prompts_per_rank} prompt(s) x {x.group_size} rollouts per rank, "
+        f"{x.max_total_tokens} tokens per trajectory, engine {x.engine}",
+    ]
+    for key, value in numbers.items():
+        if key == "gpu":
+            continue
+        lines.append(f"  {key:<48} {value / GIB:8.1f} GiB")
+    reserved = numbers.get("engine KV cache (vLLM reservation)")
+    need = numbers["rollout: KV cache needed at max_total_tokens"]
+    if reserved is not None and reserved < need:
+        lines.append(
+            f"  note: vLLM's KV reservation ({reserved / GIB:.1f} GiB) is below what all of a "
+            f"rank's rollouts need at full length ({need / GIB:.1f} GiB): it runs fewer at a "
+            "time (raise rollout.engine.gpu_memory_utilization if the plan leaves room)"
+        )
+    used = "with" if x.checkpointing else "without"
+    lines.append(
+        f"  peak ({used} activation checkpointing) {numbers['peak'] / GIB:.1f} GiB of "
+        f"{numbers['gpu'] / GIB:.1f} GiB ({x.gpu_gb:g} GB GPU); estimates, not measurements"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,267 @@
+"""`paravt check-recipe <train.py overrides>`: will this training config run on its GPUs?
+
+Composes the config exactly as `train.py` does (same conf/ folder, same overrides), then checks
+it against its world size W = trainer.devices x trainer.num_nodes without a GPU, a checkpoint
+or a process group: the checks below (`problems`), the files the run and its callbacks will
+open (`files_to_open`), and a per-GPU memory plan (`paravt.run.memory_plan`). Exit 0: runnable;
+exit 2: each problem printed with its fix. `train.py` runs the same `problems` at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+HALF_PRECISION = {"bf16-true", "16-true", "bf16", "16", "half"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reason the config cannot run, with the override that fixes it."""
+
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what}; fix: {self.fix}"
+
+
+def world_size(cfg: DictConfig) -> int:
+    trainer = cfg.trainer
+    devices = trainer.get("devices", 1)
+    devices = len(devices) if isinstance(devices, list | tuple) else devices
+    if not isinstance(devices, int):  # "auto" / -1: known only on the machine itself
+        devices = 1
+    return int(devices) * int(trainer.get("num_nodes", 1) or 1)
+
+
+def _sharded(cfg: DictConfig) -> bool:
+    return "strategy" in cfg.trainer and cfg.trainer.strategy is not None
+
+
+def _engine_problems(cfg: DictConfig, world: int) -> list[Problem]:
+    engine, agent = cfg.rollout.engine, cfg.rollout.agent
+    if engine.get("name") != "vllm":
+        return []
+    out = []
+    if int(engine.max_model_len) < int(agent.max_total_tokens):
+        out.append(
+            Problem(
+                f"rollout.engine.max_model_len={engine.max_model_len} is below "
+                f"rollout.agent.max_total_tokens={agent.max_total_tokens}: trajectories fail "
+                "mid-run at a later tool round",
+                f"rollout.engine.max_model_len={agent.max_total_tokens} (or lower "
+                "rollout.agent.max_total_tokens)",
+            )
+        )
+    tp = int(engine.get("tensor_parallel_size", 1) or 1)
+    if tp > 1 and world > 1:
+        out.append(
+            Problem(
+                f"rollout.engine.tensor_parallel_size={tp} under a {world}-rank data-parallel "
+                "launch: each rank builds its own vLLM engine, which cannot form a tensor-"
+                "parallel group across the trainer's ranks",
+                "rollout.engine.tensor_parallel_size=1 (every rank's engine holds the whole "
+                "model in bf16 while FSDP shards the trainer), or rollout/engine=hf",
+            )
+        )
+    return out
+
+
+def _trainer_problems(cfg: DictConfig, world: int) -> list[Problem]:
+    out = []
+    trainer = cfg.trainer
+    if _sharded(cfg) and str(trainer.get("precision")) in HALF_PRECISION:
+        out.append(
+            Problem(
+                f"trainer.precision={trainer.precision} casts the FSDP master weights and AdamW "
+                "moments to half precision: an lr-2e-6 step rounds to zero for most weights",
+                "trainer.precision=32-true (FSDP2's MixedPrecisionPolicy computes in bf16)",
+            )
+        )
+    strategy = trainer.get("strategy") if _sharded(cfg) else None
+    dp = strategy.get("data_parallel_size") if isinstance(strategy, DictConfig) else None
+    if isinstance(dp, int) and dp != world:
+        out.append(
+            Problem(
+                f"trainer.strategy.data_parallel_size={dp} but devices x num_nodes = {world}",
+                "trainer=fsdp (its strategy follows devices x num_nodes)",
+            )
+        )
+    if _sharded(cfg) and cfg.get("cold_start") is not None:
+        out.append(
+            Problem(
+                "cold_start runs in one process before fit and cannot run under FSDP",
+                "cold_start=null and start from an SFT checkpoint (experiment=sft_coldstart)",
+            )
+        )
+    if _sharded(cfg) and not cfg.model.get("freeze_vision", True):
+        out.append(
+            Problem(
+                "model.freeze_vision=false is not supported under FSDP",
+                "model.freeze_vision=true (the paper's setting)",
+            )
+        )
+    return out
+
+
+def problems(cfg: DictConfig) -> list[Problem]:
+    """Every reason `cfg` cannot run on W = devices x num_nodes ranks (empty: it can)."""
+    if cfg.get("stage", "rl") == "sft":
+        return []
+    world = world_size(cfg)
+    out = []
+    if int(cfg.data.get("batch_size", 1)) < 1:
+        out.append(Problem("data.batch_size must be >= 1", "data.batch_size=7"))
+    return out + _trainer_problems(cfg, world) + _engine_problems(cfg, world)
+
+
+def notes(cfg: DictConfig) -> list[str]:
+    """What runs, but differently than one might assume."""
+    world, b = world_size(cfg), int(cfg.data.get("batch_size", 1))
+    out = []
+    if world > 1 and b % world:
+        idle = f"; {world - b} rank(s) get none" if b < world else ""
+        out.append(
+            f"{b} prompts over {world} ranks: shares of {math.ceil(b / world)} or {b // world} "
+            f"prompts{idle} (zero-weight passes; the update equals one rank's)"
+        )
+    if world > 1 and int(cfg.algorithm.get("ppo_mini_batches", 1)) > 1:
+        out.append(
+            "algorithm.ppo_mini_batches > 1 splits each rank's share, not the global batch: "
+            "valid updates, not bit-equal to one rank's"
+        )
+    return out
+
+
+def files_to_open(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(config key, path) of the files the run and its callbacks read."""
+    out = [("model.path", f"{cfg.model.path}/config.json")]
+    out.append(("data.train_path", str(cfg.data.get("train_path"))))
+    if cfg.data.get("eval_path"):
+        out.append(("data.eval_path", str(cfg.data.eval_path)))
+    for name, cb in (cfg.get("callbacks") or {}).items():
+        if cb is not None and cb.get("samples_path"):
+            out.append((f"callbacks.{name}.samples_path", str(cb.samples_path)))
+    return out
+
+
+# ---- the command ---------------------------------------------------------------------------
+def compose(overrides: list[str]) -> DictConfig:
+    """The config `train.py` composes from `overrides` (conf/train.yaml, same defaults)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The jobs of a `-m` command line (comma lists and range() expanded, cartesian product)."""
+    from itertools import product
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for o in parsed:
+        if o.is_sweep_override():
+            values = list(o.sweep_string_iterator())
+            choices.append([f"{o.get_key_element()}={v}" for v in values])
+        else:
+            choices.append([o.input_line])
+    return [list(job) for job in product(*choices)]
+
+
+def plan_inputs(cfg: DictConfig, gpu_gb: float):
+    from paravt.run.memory_plan import PlanInputs
+
+    world, engine = world_size(cfg), cfg.rollout.engine
+    return PlanInputs(
+        world=world,
+        prompts_per_rank=math.ceil(int(cfg.data.batch_size) / world),
+        group_size=int(cfg.rollout.group_size),
+        max_total_tokens=int(cfg.rollout.agent.max_total_tokens),
+        micro_batch_tokens=int(cfg.algorithm.get("micro_batch_tokens", 16384)),
+        kl=float(cfg.algorithm.get("kl_coef", 0.0)) > 0,
+        freeze_vision=bool(cfg.model.get("freeze_vision", True)),
+        adam_bytes=2 if "8bit" in str(cfg.optimizer.get("_target_", "")) else 8,
+        engine=str(engine.get("name", "hf")),
+        vllm_share=float(engine.get("gpu_memory_utilization", 0.5) or 0.5),
+        sleep_mode=bool(engine.get("enable_sleep_mode", False)),
+        checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
+        gpu_gb=gpu_gb,
+    )
+
+
+def memory_report(
+    cfg: DictConfig, gpu_gb: float, overrides: list[str] = ()
+) -> tuple[str, list[Problem]]:
+    """The printed plan and, on a GPU trainer, a problem when its peak exceeds the GPU.
+
+    A `model.path` that names no published model and holds no config.json yet (e.g. the SFT
+    export a run will write) is sized as the model group's own checkpoint."""
+    from paravt.run.memory_plan import GIB, format_plan, model_size, plan
+
+    size = model_size(cfg.model)
+    if size is None and any(o.startswith("model.path=") for o in overrides):
+        group = compose([o for o in overrides if not o.startswith("model.path=")])
+        size = model_size(group.model)
+    if size is None:
+        return f"memory plan: sizes of {cfg.model.path} unknown (no config.json there)", []
+    x = plan_inputs(cfg, gpu_gb)
+    numbers = plan(size, x)
+    text = format_plan(size, x, numbers)
+    if cfg.trainer.get("accelerator") != "gpu" or numbers["peak"] <= numbers["gpu"]:
+        return text, []
+    fix = (
+        "model.gradient_checkpointing=true, a lower algorithm.micro_batch_tokens or "
+        "rollout.agent.max_total_tokens, optimizer=adamw8bit, or more ranks (trainer.devices)"
+    )
+    need = f"{numbers['peak'] / GIB:.1f} GiB per GPU"
+    return text, [Problem(f"the memory plan needs {need}, more than a {gpu_gb:g} GB GPU", fix)]
+
+
+def check(overrides: list[str], gpu_gb: float, require_files: bool) -> tuple[str, int]:
+    """(report, exit code) for one job's overrides."""
+    cfg = compose(overrides)
+    found = problems(cfg)
+    lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
+    lines += [f"note: {n}" for n in notes(cfg)]
+    for key, path in files_to_open(cfg):
+        ok = Path(path).exists()
+        lines.append(f"file {key}: {path} ({'found' if ok else 'missing'})")
+        if require_files and not ok:
+            found.append(Problem(f"{key} names {path}, which does not exist", f"{key}=<a path>"))
+    if cfg.get("stage", "rl") != "sft":
+        text, over = memory_report(cfg, gpu_gb, overrides)
+        lines.append(text)
+        found += over
+    lines += [f"ERROR: {p}" for p in found]
+    lines.append("recipe OK" if not found else f"recipe cannot run: {len(found)} problem(s)")
+    return "\n".join(lines), 2 if found else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="paravt check-recipe",
+        description="Compose train.py's config from the same overrides and check it against "
+        "devices x num_nodes ranks: errors with fixes (exit 2), a per-GPU memory plan.",
+    )
+    parser.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory in GB (80)")
+    parser.add_argument(
+        "--require-files", action="store_true", help="missing model/data files are errors"
+    )
+    args, overrides = parser.parse_known_args(argv)
+    overrides = [o for o in overrides if o not in ("-m", "--multirun")]
+    code = 0
+    for job in expand_sweep(overrides):
+        report, job_code = check(job, args.gpu_gb, args.require_files)
+        print(report)
+        code = max(code, job_code)
+    return code

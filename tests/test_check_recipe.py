@@ -1,0 +1,117 @@
+"""`paravt check-recipe`: train.py's config checked against devices x nodes, with a memory plan.
+
+Every GPU command of the README must pass (exit 0, a plan from the published model sizes);
+configs that cannot run exit 2 naming the fix; the plan's parameter arithmetic is checked
+against the models' published non-embedding counts and a real (tiny) model.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from paravt.run.memory_plan import PUBLISHED, from_config_json
+from paravt.run.recipe import main
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_MARKERS = ("trainer.devices", "experiment=paragrpo", "experiment=qwen2_5_vl ")
+
+
+def readme_gpu_commands() -> list[list[str]]:
+    """The `python train.py ...` commands of the README that run on GPUs."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for cmd in re.findall(r"python train\.py [^`\n]*", text):
+        if any(m in cmd + " " for m in GPU_MARKERS):
+            out.append(shlex.split(cmd)[2:])
+    return out
+
+
+COMMANDS = readme_gpu_commands()
+
+
+def test_the_readme_has_gpu_commands():
+    assert any("trainer.devices=8" in c for cmd in COMMANDS for c in cmd)
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
+def test_every_readme_gpu_command_passes_with_a_memory_plan(args, capsys):
+    assert main(args) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "memory plan per GPU" in out and "recipe OK" in out
+    assert ("Qwen3-VL-8B" in out) or ("Qwen2.5-VL-7B" in out)
+
+
+def test_paper_command_plan_fits_80gb(capsys):
+    args = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "W = 8 ranks, 1 prompt(s) x 8 rollouts per rank" in out
+    assert "1 rank(s) get none" in out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fix"),
+    [
+        (["rollout/engine=vllm", "rollout.engine.max_model_len=8192"], "max_model_len=32768"),
+        (["rollout/engine=vllm", "rollout.engine.tensor_parallel_size=2"], "tensor_parallel"),
+        (["trainer.precision=bf16-true"], "trainer.precision=32-true"),
+        (["model.gradient_checkpointing=false"], "model.gradient_checkpointing=true"),
+        (["cold_start={}"], "cold_start=null"),
+    ],
+)
+def test_configs_that_cannot_run_exit_2_naming_the_fix(overrides, fix, capsys):
+    base = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main([*base, *overrides]) == 2
+    out = capsys.readouterr().out
+    assert "ERROR:" in out and fix in out
+
+
+def test_required_files_are_checked(tmp_path, capsys):
+    args = ["experiment=paragrpo", f"model.path={tmp_path}/Qwen3-VL-8B", "--require-files"]
+    assert main(args) == 2
+    assert "data.train_path names" in capsys.readouterr().out
+
+
+def test_sweep_checks_every_job(capsys):
+    args = ["-m", "experiment=paragrpo", "model.path=/m/Qwen3-VL-8B", "trainer.devices=4,8"]
+    assert main(args) == 2  # on 4 GPUs each rank generates 2 prompts x 8 rollouts of 32k tokens
+    out = capsys.readouterr().out
+    assert "world size: 4" in out and "world size: 8" in out
+    assert out.count("recipe OK") == 1 and "more than a 80 GB GPU" in out
+
+
+def test_num_nodes_multiply_the_world(capsys):
+    args = ["experiment=paragrpo", "trainer.devices=8", "trainer.num_nodes=2"]
+    assert main([*args, "model.path=/m/Qwen3-VL-8B"]) == 0
+    assert "world size: 16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("name", "non_embedding"), [("qwen3_vl_8b", 6.95e9), ("qwen2_5_vl_7b", 6.53e9)]
+)
+def test_layer_arithmetic_matches_the_published_non_embedding_counts(name, non_embedding):
+    # Qwen3-8B / Qwen2.5-7B model cards: 6.95B / 6.53B non-embedding parameters (their
+    # language models are the VL models' decoders; norms and biases are below 0.1 %).
+    size = PUBLISHED[name]
+    assert size.layers * size.layer_params == pytest.approx(non_embedding, rel=0.01)
+
+
+def test_config_json_sizes_match_a_real_model(tiny_qwen3_dir):
+    from transformers import AutoModelForImageTextToText
+
+    size = from_config_json(Path(tiny_qwen3_dir))
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
+    lm = model.model.language_model
+    real = sum(p.numel() for n, p in lm.named_parameters() if "norm" not in n)
+    assert size.lm_params == real + model.lm_head.weight.numel()
+
+
+def test_the_console_script_dispatches_check_recipe(capsys):
+    from paravt.cli import main as paravt
+
+    assert paravt(["check-recipe", "experiment=paragrpo", "model.path=/m/Qwen3-VL-8B"]) == 0
+    assert "recipe OK" in capsys.readouterr().out
