@@ -40,7 +40,7 @@ from paravt.rewards.structural import (
     structural_token_ids,
 )
 from paravt.rl.kl import kl_penalty
-from paravt.rl.losses import entropy_from_logits, get_policy_loss, kl_loss
+from paravt.rl.losses import get_policy_loss, kl_loss
 from paravt.rl.microbatch import MicroWeights, TermSizes, mini_sizes, split_weights
 from paravt.rl.objective import (
     AdvantageConfig,
@@ -227,9 +227,9 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
-    def _logp(self, model, trajs, logits: bool = False):
+    def _logp(self, model, trajs, entropy: bool = False):
         return trajectory_logprobs(
-            model, trajs, self.token_ids, self._temperature, return_logits=logits
+            model, trajs, self.token_ids, self._temperature, return_entropy=entropy
         )
 
     # ---- the update -------------------------------------------------------------------------
@@ -314,12 +314,11 @@ class GRPOModule(pl.LightningModule):
     def _micro_step(self, mb, prox, weights: MicroWeights) -> dict[str, float]:
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
-        logp, batch, logits = self._logp(self.policy, trajs, logits=True)
+        logp, batch, entropy = self._logp(self.policy, trajs, entropy=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+        entropy = entropy.detach()  # of the sampling distribution, same pass as logp
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
         loss, m = get_policy_loss(self.algo.loss)(
             logp,
