@@ -121,6 +121,7 @@ class GRPOModule(pl.LightningModule):
         self.seed = seed
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
+        self.reference_in_checkpoint = False  # True once a cold start copies the policy into it
         if algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         tok = self.processor.tokenizer
@@ -147,6 +148,7 @@ class GRPOModule(pl.LightningModule):
         """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
         if self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
+            self.reference_in_checkpoint = True  # model.path no longer rebuilds it
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
@@ -383,11 +385,17 @@ class GRPOModule(pl.LightningModule):
         export_hf(self.policy, self.processor, path)
 
     def state_dict(self, *args, **kwargs):
-        # The reference is frozen and rebuilt from the checkpoint path; keep checkpoints lean.
+        # The frozen reference is rebuilt from model.path at resume; checkpoints hold the
+        # trainable state only. Unless a cold start made it a copy of the policy: then it is
+        # saved too (one process only: cold start refuses trainer=fsdp).
         state = super().state_dict(*args, **kwargs)
+        if self.reference_in_checkpoint:
+            return state
         return {k: v for k, v in state.items() if not k.startswith("reference.")}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if any(k.startswith("reference.") for k in state_dict):
+            self.reference_in_checkpoint = True
         return super().load_state_dict(state_dict, strict=False, assign=assign)
 
     def on_save_checkpoint(self, checkpoint) -> None:
