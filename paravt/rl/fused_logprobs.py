@@ -62,7 +62,11 @@ class _LinearLogprobs(torch.autograd.Function):
         g_w = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         )
-        g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+        g_b = (
+            torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+            if need_b
+            else None
+        )
         g_ent = g_ent if ctx.with_entropy else None
         for s in range(0, hidden.shape[0], ctx.chunk):
             sl = slice(s, s + ctx.chunk)
