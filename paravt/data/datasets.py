@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
@@ -59,6 +57,10 @@ class LoadReport:
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    # Imported here: JSONL-only machines (tests/gpu/run.sh's wheel folder) need no pyarrow.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         return pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as error:

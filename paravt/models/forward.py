@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from paravt.models.head_logprobs import head_logprobs, shift_head_output
 from paravt.models.qwen_vl import mm_token_type_ids, vision_placeholder_ids, visual_kwargs
-from paravt.rl.logprobs import causal_token_logprobs
 from paravt.types import Trajectory
 
 
@@ -68,18 +68,25 @@ def trajectory_logprobs(
     trajs: Sequence[Trajectory],
     ids: TokenIds,
     temperature: float = 1.0,
-    return_logits: bool = False,
+    return_entropy: bool = False,
+    chunk_size: int = 1024,
 ) -> tuple[torch.Tensor, PaddedBatch, torch.Tensor | None]:
-    """(logp [N, T] aligned with the tokens, the padded batch, logits [N, T, V] if asked)."""
+    """(logp [N, T] aligned with the tokens, the padded batch, entropy [N, T] if asked).
+
+    The lm_head computes log-probs and entropy `chunk_size` tokens at a time with recomputation
+    in backward (paravt/models/head_logprobs.py): the [N, T, V] logits never exist at once.
+    """
     batch = pad_trajectories(trajs, ids.pad)
     device = next(model.parameters()).device
     kwargs = visual_kwargs([v for t in trajs for v in t.visuals], device)
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        mm_token_type_ids=mm_token_type_ids(batch.input_ids, ids.image, ids.video).to(device),
-        use_cache=False,
-        **kwargs,
-    )
-    logp = causal_token_logprobs(out.logits, batch.input_ids.to(device), temperature, ids.suppress)
-    return logp, batch, (out.logits if return_logits else None)
+    input_ids = batch.input_ids.to(device)
+    with head_logprobs(model, input_ids, temperature, ids.suppress, chunk_size, return_entropy):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=batch.attention_mask.to(device),
+            mm_token_type_ids=mm_token_type_ids(batch.input_ids, ids.image, ids.video).to(device),
+            use_cache=False,
+            **kwargs,
+        )
+    logp, entropy = shift_head_output(out.logits)
+    return logp, batch, (entropy if return_entropy else None)

@@ -13,6 +13,12 @@ final path, so a kill leaves a truncated `last.ckpt` and `ckpt_path=last` then f
 - `ResumableModelCheckpoint` (the checkpoint callback, conf/callbacks/default.yaml) resolves
   `last` only among complete files (`is_complete_checkpoint`): a torn file left by an older
   writer, or by a sharded save that died before its metadata, is skipped with a warning.
+- Sharded (DCP) checkpoints (trainer=fsdp) do not go through a CheckpointIO: Lightning rewrites
+  the shards of the `last.ckpt` folder in place, and the previous save's `.metadata` stays there
+  while they are half new, so a kill mid-save left a folder that looks complete. The callback
+  writes each sharded save into a hidden folder of its own (`.last-step<N>.dcp`) and then points
+  the `last.ckpt` symlink at it with one atomic rename (`publish_checkpoint_dir`); older folders
+  are removed after that. How often it saves is ModelCheckpoint's `every_n_train_steps`.
 
 This module deliberately does not decide what goes into a checkpoint (the LightningModule's
 `on_save_checkpoint` does) nor when to write one (ModelCheckpoint's schedule).
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -98,7 +105,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose `ckpt_path=last` candidates are complete checkpoints only."""
+    """ModelCheckpoint whose `ckpt_path=last` candidates are complete checkpoints only, and
+    whose sharded saves land atomically (module docstring)."""
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        if _is_remote(filepath) or not _saves_folders(trainer):
+            super()._save_checkpoint(trainer, filepath)
+        else:
+            _sharded_save(self, trainer, filepath)
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         found = super()._find_last_checkpoints(trainer)
@@ -110,3 +124,49 @@ class ResumableModelCheckpoint(ModelCheckpoint):
                 torn,
             )
         return complete
+
+
+STAGE_SUFFIX = ".dcp"  # staged sharded saves: hidden, and never matched as a `last*.ckpt`
+
+
+def stage_path(final: str | os.PathLike, step: int) -> Path:
+    """The hidden folder a sharded save of `final` (e.g. last.ckpt) at `step` is written to."""
+    f = Path(final)
+    return f.with_name(f"{TEMP_PREFIX}{f.stem}-step{step}{STAGE_SUFFIX}")
+
+
+def publish_checkpoint_dir(stage: Path, final: Path) -> None:
+    """Point `final` (a symlink) at the complete folder `stage` atomically, then remove the
+    other staged folders of `final` (older saves, or torn ones a kill left behind)."""
+    if not is_complete_checkpoint(stage):
+        raise RuntimeError(f"refusing to publish {stage}: it has no {SHARDED_METADATA}")
+    if final.exists() and not final.is_symlink():  # a folder or file from an older writer
+        shutil.rmtree(final) if final.is_dir() else final.unlink()
+    link = final.with_name(f"{TEMP_PREFIX}{final.name}.link-{os.getpid()}")
+    link.unlink(missing_ok=True)
+    os.symlink(stage.name, link)
+    os.replace(link, final)
+    _fsync_dir(final.parent)
+    for old in final.parent.glob(f"{TEMP_PREFIX}{final.stem}-step*{STAGE_SUFFIX}"):
+        if old.name != stage.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _saves_folders(trainer) -> bool:
+    """ModelParallelStrategy(save_distributed_checkpoint=True): one folder of shards per save."""
+    return bool(getattr(trainer.strategy, "_save_distributed_checkpoint", False))
+
+
+def _sharded_save(callback: ModelCheckpoint, trainer, filepath: str) -> None:
+    """ModelCheckpoint._save_checkpoint for sharded saves: staged folder, then atomic publish."""
+    final = Path(filepath)
+    stage = stage_path(final, trainer.global_step)
+    if trainer.is_global_zero and stage.exists():  # torn by a kill at this same step
+        shutil.rmtree(stage)
+    trainer.strategy.barrier()
+    ModelCheckpoint._save_checkpoint(callback, trainer, str(stage))
+    trainer.strategy.barrier()
+    if trainer.is_global_zero:
+        publish_checkpoint_dir(stage, final)
+    trainer.strategy.barrier()
+    callback._last_checkpoint_saved = filepath

@@ -36,7 +36,6 @@ from paravt.parallel.distributed import (
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
 from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
 from paravt.rl.kl import kl_penalty
-from paravt.rl.losses import entropy_from_logits
 from paravt.rl.microbatch import (
     MicroWeights,
     TermSizes,
@@ -130,6 +129,7 @@ class GRPOModule(pl.LightningModule):
         self.seed = seed
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
+        self.reference_in_checkpoint = False  # True once a cold start copies the policy into it
         if algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         tok = self.processor.tokenizer
@@ -155,6 +155,7 @@ class GRPOModule(pl.LightningModule):
         """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
         if self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
+            self.reference_in_checkpoint = True  # model.path no longer rebuilds it
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
@@ -238,8 +239,10 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
-    def _logp(self, model, trajs, temperature: float, logits: bool = False):
-        return trajectory_logprobs(model, trajs, self.token_ids, temperature, return_logits=logits)
+    def _logp(self, model, trajs, temperature: float, entropy: bool = False):
+        return trajectory_logprobs(
+            model, trajs, self.token_ids, temperature, return_entropy=entropy
+        )
 
     # ---- the update -------------------------------------------------------------------------
     def _update(
@@ -335,12 +338,11 @@ class GRPOModule(pl.LightningModule):
         """Forward passes for one micro-batch, `micro_objective` (paravt.rl.objective), backward."""
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
-        logp, batch, logits = self._logp(self.policy, trajs, temperature, logits=True)
+        logp, batch, entropy = self._logp(self.policy, trajs, temperature, entropy=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+        entropy = entropy.detach()  # of the sampling distribution, same pass as logp
         structural = reference = None
         if self.anchor_coef:
             ids = batch.input_ids.to(logp.device)
@@ -410,11 +412,17 @@ class GRPOModule(pl.LightningModule):
         export_hf(self.policy, self.processor, path)
 
     def state_dict(self, *args, **kwargs):
-        # The reference is frozen and rebuilt from the checkpoint path; keep checkpoints lean.
+        # The frozen reference is rebuilt from model.path at resume; checkpoints hold the
+        # trainable state only. Unless a cold start made it a copy of the policy: then it is
+        # saved too (one process only: cold start refuses trainer=fsdp).
         state = super().state_dict(*args, **kwargs)
+        if self.reference_in_checkpoint:
+            return state
         return {k: v for k, v in state.items() if not k.startswith("reference.")}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if any(k.startswith("reference.") for k in state_dict):
+            self.reference_in_checkpoint = True
         return super().load_state_dict(state_dict, strict=False, assign=assign)
 
     def on_save_checkpoint(self, checkpoint) -> None:

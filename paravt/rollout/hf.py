@@ -2,8 +2,10 @@
 
 All requests of a call are generated in one batched, left-padded `generate`; each is repeated
 `n` times. Vision placeholder ids are suppressed (docs/method.md pitfall 6) and the reported
-log-probabilities follow the definition in `paravt.rollout.engine` (computed from the raw logits
-with `paravt.rl.logprobs.token_logprobs`, the same function the trainer uses). top-k and top-p
+log-probabilities follow the definition in `paravt.rollout.engine`: a logits processor takes
+each step's logits, keeps the log-softmax of that one step under the sampling distribution and
+gathers the sampled token's log-prob at the next step, so memory holds [N, V] of one step, never
+the fp32 logits of every generated token (8 x 2,048 x 151,936 floats is 10 GB). top-k and top-p
 are explicitly disabled so the generation config of a checkpoint cannot truncate the sampling
 distribution behind the trainer's back (pitfall 8).
 
@@ -23,8 +25,8 @@ from paravt.parallel.distributed import (
     iter_full_state_dict,
     load_buckets,
 )
-from paravt.rl.logprobs import token_logprobs
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
+from paravt.rollout.sampled_logprobs import SampledLogprobs
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,27 +89,28 @@ class TransformersEngine:
             torch.manual_seed(params.seed)
         was_training = self.model.training
         self.model.eval()
+        record = SampledLogprobs(params.logprob_temperature, self.suppress_ids)
         out = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             mm_token_type_ids=mm_token_type_ids(ids, self.image_id, self.video_id).to(device),
             max_new_tokens=params.max_new_tokens,
             do_sample=not params.greedy,
-            temperature=None if params.greedy else params.temperature,
+            temperature=None if params.greedy else 1.0,  # applied by `record`
             top_k=0 if not params.greedy else None,
             top_p=1.0 if not params.greedy else None,
             suppress_tokens=self.suppress_ids,
+            logits_processor=[record],
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
-            output_logits=True,
             return_dict_in_generate=True,
             **generate_sync_kwargs(self.model),  # sharded: step until every rank is done
             **kwargs,
         )
         self.model.train(was_training)
-        new = out.sequences[:, ids.shape[1] :].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [N, T_new, V]
-        logp = token_logprobs(logits, new, params.logprob_temperature, self.suppress_ids)
+        new = out.sequences[:, ids.shape[1] :]
+        logp = record.finish(new).cpu()  # [N, T_new]
+        new = new.cpu()
         results = [self._finish(new[i], logp[i]) for i in range(new.shape[0])]
         return [results[i : i + params.n] for i in range(0, len(results), params.n)]
 

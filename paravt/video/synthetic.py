@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -36,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from paravt.progress import track
 from paravt.video.writer import write_video
@@ -378,8 +377,8 @@ def generate(cfg: NeedleConfig, out_dir: str | Path) -> dict[str, Path]:
             rows.append(row)
         written[f"{split}.jsonl"] = out / f"{split}.jsonl"
         written[f"{split}.jsonl"].write_text("".join(json.dumps(r) + "\n" for r in rows))
-        written[f"{split}.parquet"] = out / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), written[f"{split}.parquet"])
+        if _write_parquet(rows, out / f"{split}.parquet"):
+            written[f"{split}.parquet"] = out / f"{split}.parquet"
     written["config.json"] = out / "config.json"
     written["config.json"].write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     return written
@@ -453,3 +452,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {cfg.num_train} train + {cfg.num_eval} eval samples: {written['train.parquet']}")
     return 0
+
+
+def _write_parquet(rows: list[dict], path: Path) -> bool:
+    """The parquet twin of a split; skipped, with a warning, where pyarrow is not installed (the
+    GPU machine's wheel folder, tests/gpu/run.sh, carries none: JSONL is read there)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        logging.getLogger(__name__).warning("pyarrow not installed: %s not written", path)
+        return False
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return True

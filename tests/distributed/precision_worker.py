@@ -55,7 +55,12 @@ def _one_step(setting: str, model_dir: str) -> dict:
     ids = TokenIds.from_tokenizer(processor.tokenizer)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     trajs = list(shard_prompts(_batch(processor, ids), rank, world))
-    logp, batch, logits = trajectory_logprobs(model, trajs, ids, return_logits=True)
+    computed = []  # the dtype the forward computes in (the logits themselves never exist whole)
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, _i, out: computed.append(out.dtype)
+    )
+    logp, batch, _ = trajectory_logprobs(model, trajs, ids)
+    hook.remove()
     adv = torch.linspace(-1.0, 1.0, len(trajs))[:, None]
     loss = -(logp.float() * adv * batch.loss_mask).sum() / batch.loss_mask.sum()
     loss.backward()
@@ -63,7 +68,7 @@ def _one_step(setting: str, model_dir: str) -> dict:
     seen = {
         "param": param.to_local().dtype,
         "grad": param.grad.to_local().dtype,
-        "compute": logits.dtype,
+        "compute": computed[0],
         "rotary": {n: b.dtype for n, b in model.named_buffers() if "inv_freq" in n},
     }
     opt.step()

@@ -103,3 +103,18 @@ def test_rank0_export_loads_with_transformers(runs, tiny_qwen3_dir):
     assert _max_diff(dict(model.state_dict()), _weights(root / "whole" / "hf")) == 0.0
     initial = _weights(Path(tiny_qwen3_dir))
     assert _max_diff(_weights(root / "whole" / "hf"), initial) > 1e-6
+
+
+def test_sharded_checkpoint_is_published_atomically_without_the_reference(runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    root, _ = runs
+    folder = root / "resumed" / "checkpoints"
+    last = folder / "last.ckpt"
+    # The save of step 4 went to its own hidden folder; last.ckpt is a symlink switched to it
+    # by one rename, and the folders of older saves are gone.
+    assert last.is_symlink() and last.resolve().name == ".last-step4.dcp"
+    assert sorted(p.name for p in folder.iterdir()) == [".last-step4.dcp", "last.ckpt"]
+    keys = list(FileSystemReader(str(last)).read_metadata().state_dict_metadata)
+    assert any(k.startswith("state_dict.policy.") for k in keys), keys[:5]
+    assert not [k for k in keys if ".reference." in f".{k}"], "the frozen reference was saved"

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU and vLLM installed (`pip install -e '.[vllm]'`, docs/vllm.md):
-# the `gpu` tests (CUDA paths, vLLM sleep/sync) and the engine benchmark, in under 10 minutes.
-#   bash tests/gpu/run.sh [MODEL_DIR]   # MODEL_DIR: a real Qwen3-VL checkpoint for the benchmark
-# Not run yet: no GPU was lent to the sessions that wrote it.
+# The GPU check: one command of at most 10 minutes on the lent GPU machine (one H200, Python 3.12,
+# torch 2.11 CUDA 13, transformers 5.17, lightning 2.6.6; no network; no vllm, decord, av,
+# hydra-core or omegaconf). It installs the wheel folder (tests/gpu/wheels.txt: what is in it and
+# the command that fills it), then runs tests/gpu/stages.py: single-rank NCCL collectives, one
+# GRPO micro-step of the Qwen3-VL-8B config (random weights, 2 and 4 layers, 64-frame clip,
+# 4k/8k/16k tokens, extrapolated to 36 layers), the transformers engine, the `gpu` tests; each
+# stage under its own timeout with a JSON record in $OUT, and one summary table.
+#   bash tests/gpu/run.sh [WHEEL_DIR] [stages.py options, e.g. --stages nccl,step]
+# Not run yet: no GPU was lent to the sessions that wrote it (docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python}
-"$PY" -c 'import torch, vllm; assert torch.cuda.is_available(), "no CUDA GPU"' || {
-  echo "tests/gpu/run.sh needs a CUDA GPU and vLLM in $PY (pip install -e '.[vllm]')" >&2
-  exit 2
-}
+WHEELS=${1:-gpu-wheels}
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
-timeout 360 "$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider -s | tee "$OUT/gpu_tests.txt"
-if [ $# -ge 1 ]; then
-  BENCH=(--model "$1" --dtype bfloat16 --prompts 8 --group 8 --budget 32 --new-tokens 256)
+"$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA GPU"' || {
+  echo "tests/gpu/run.sh needs a CUDA GPU visible to $PY" >&2
+  exit 2
+}
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+  # --no-deps: the folder is the whole list; pip must not reach for the network or the image's torch.
+  timeout 50 "$PY" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl
 else
-  BENCH=(--prompts 8 --group 8 --new-tokens 128)
+  echo "no wheels in $WHEELS (see tests/gpu/wheels.txt); stages needing them will fail" >&2
 fi
-timeout 220 "$PY" benchmarks/rollout_engines.py "${BENCH[@]}" | tee "$OUT/rollout_engines.txt"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+timeout 540 "$PY" tests/gpu/stages.py --out "$OUT" "${@:2}"

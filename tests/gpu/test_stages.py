@@ -1,0 +1,150 @@
+"""The GPU script's CPU-side parts: stage selection, per-stage timeouts and JSON records, the
+summary, the wheel list against the imports of the code it runs, and the stages themselves at a
+tiny size on CPU (`--device cpu --tiny`, same code as on the H200)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+_spec = importlib.util.spec_from_file_location("paravt_gpu_stages", HERE / "stages.py")
+stages = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stages)
+
+# import name -> distribution name, where they differ
+DIST = {
+    "hydra": "hydra-core",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "antlr4": "antlr4-python3-runtime",
+}
+# Imported inside functions only, by code the GPU script does not run: not carried.
+OPTIONAL = {
+    "pyarrow": "parquet files only (paravt.data.datasets, paravt.video.synthetic)",
+    "vllm": "the vLLM engine; the `vllm` tests are deselected on the lent machine",
+}
+
+
+def test_selection_keeps_the_script_order_and_refuses_unknown_names():
+    assert stages.select("") == list(stages.STAGES)
+    assert stages.select("gpu_tests, nccl") == ["nccl", "gpu_tests"]
+    with pytest.raises(SystemExit, match=r"unknown stage.*nope"):
+        stages.select("nccl,nope")
+    assert sum(limit for limit, _ in stages.STAGES.values()) <= 540  # run.sh: 50 s pip + 540
+
+
+def _run(tmp_path, *args) -> tuple[int, dict, str]:
+    cmd = [sys.executable, str(HERE / "stages.py"), "--out", str(tmp_path), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    return done.returncode, summary, done.stdout
+
+
+def test_a_stage_past_its_timeout_is_recorded_and_fails_the_run(tmp_path):
+    code, summary, table = _run(tmp_path, "--device", "cpu", "--stages", "nccl", "--scale", "0.001")
+    assert code == 1
+    (record,) = summary["stages"]
+    assert record["stage"] == "nccl" and record["status"] == "timeout"
+    assert json.loads((tmp_path / "nccl.json").read_text())["status"] == "timeout"
+    assert "nccl" in table and "timeout" in table
+
+
+@pytest.mark.slow
+def test_collectives_and_tiny_model_stages_run_on_cpu(tmp_path):
+    code, summary, table = _run(
+        tmp_path, "--device", "cpu", "--tiny", "--stages", "nccl,step,engine", "--scale", "4"
+    )
+    records = {r["stage"]: r for r in summary["stages"]}
+    assert code == 0, json.dumps(summary, indent=1)[-3000:]
+    assert records["nccl"]["result"]["backend"] == "gloo"
+    rows = records["step"]["result"]["rows"]
+    assert [r["tokens"] for r in rows] == [256, 512] and all(r["video_tokens"] > 0 for r in rows)
+    engine = records["engine"]["result"]
+    assert engine["sampled_tokens"] > 0 and engine["tokens_per_s"] > 0
+    assert all(name in table for name in ("nccl", "step", "engine"))
+
+
+def _wheel_list() -> tuple[set[str], set[str]]:
+    """(distributions in tests/gpu/wheels.txt, packages its `# image:` line says are there)."""
+    wheels, image = set(), set()
+    for line in (HERE / "wheels.txt").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("# image:"):
+            image = set(line.removeprefix("# image:").split())
+        elif line.startswith("# antlr4-python3-runtime=="):
+            wheels.add("antlr4-python3-runtime")
+        elif line and not line.startswith("#"):
+            wheels.add(line.split("==")[0].lower())
+    return wheels, image
+
+
+def _source(module: str) -> Path | None:
+    parts = module.split(".")
+    for candidate in (
+        ROOT.joinpath(*parts).with_suffix(".py"),
+        ROOT.joinpath(*parts, "__init__.py"),
+    ):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> set[tuple[str, bool]]:
+    """(module, at module level) of every import in a file."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {(a.name, id(node) in top) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add((node.module, id(node) in top))
+            found |= {(f"{node.module}.{a.name}", id(node) in top) for a in node.names}
+    return found
+
+
+def third_party_imports(entry: list[Path]) -> dict[str, bool]:
+    """Top-level third-party modules the entry files import, following paravt / callbacks
+    imports through the repository: name -> imported at module level somewhere."""
+    seen_files, todo, out = set(), list(entry), {}
+    while todo:
+        path = todo.pop()
+        if path in seen_files:
+            continue
+        seen_files.add(path)
+        for module, top in _imports(path):
+            head = module.split(".")[0]
+            if head in ("paravt", "callbacks", "stage_work", "tests"):
+                src = _source(module) or _source(module.rsplit(".", 1)[0])
+                if head == "stage_work":
+                    src = HERE / "stage_work.py"
+                if src is not None:
+                    todo.append(src)
+            elif head not in sys.stdlib_module_names and head != "__future__":
+                out[head] = out.get(head, False) or top
+    return out
+
+
+def test_every_import_of_the_gpu_code_is_in_the_wheels_or_on_the_image():
+    wheels, image = _wheel_list()
+    assert {"torch", "transformers", "lightning"} <= image
+    entry = [*sorted(HERE.glob("*.py")), ROOT / "tests" / "conftest.py"]
+    found = third_party_imports(entry)
+    assert {"torch", "hydra", "av", "decord"} <= set(found)  # the walk reached paravt's imports
+    missing = {
+        name
+        for name, top in found.items()
+        if DIST.get(name, name).lower().replace("_", "-") not in wheels
+        and DIST.get(name, name).lower() not in {i.lower() for i in image}
+        and (top or name not in OPTIONAL)
+    }
+    assert not missing, f"add to tests/gpu/wheels.txt (or the image line): {sorted(missing)}"
+    assert "vllm" not in wheels  # too big for the folder; the vllm tests are deselected there
