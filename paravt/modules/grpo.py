@@ -21,6 +21,7 @@ from dataclasses import asdict, astuple, dataclass, field, replace
 import lightning.pytorch as pl
 import torch
 
+from paravt.data.packing import model_rope_index
 from paravt.distributed import (
     MicroBatch,
     Rank,
@@ -31,6 +32,7 @@ from paravt.distributed import (
 )
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
+from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
 from paravt.rewards.structural import (
@@ -74,7 +76,10 @@ class AlgorithmConfig:
     anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1  # optimiser steps per PPO epoch
-    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
+    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch (packed: tokens)
+    # True: each micro-batch is one packed row, cut by its tokens in all, no padding
+    # (paravt.modules.packed_forward); the loss and its gradient equal the padded path's.
+    pack_update: bool = False
     max_grad_norm: float = 1.0
     train_subagents: bool = False
 
@@ -133,6 +138,11 @@ class GRPOModule(pl.LightningModule):
         self._temperature = 1.0  # the current batch's sampling temperature
         self._reference_kl = 0.0
         self.resumed_step: int | None = None  # the checkpoint's global step after a resume
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimiser updates (policy versions) one training step makes at most."""
+        return self.algo.ppo_epochs * self.algo.ppo_mini_batches
 
     # ---- the callbacks' Protocols -----------------------------------------------------------
     def set_format_weight(self, weight: float) -> None:
@@ -227,10 +237,19 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
-    def _logp(self, model, trajs, logits: bool = False):
-        return trajectory_logprobs(
-            model, trajs, self.token_ids, self._temperature, return_logits=logits
+    def _logp(self, model, trajs, entropy: bool = False):
+        """(logp [N, T], padded batch, entropy [N, T] if asked), packed or padded."""
+        if self.algo.pack_update:
+            rope = model_rope_index(model)
+            ids, temp = self.token_ids, self._temperature
+            return packed_trajectory_logprobs(model, trajs, ids, rope, temp, entropy)
+        logp, batch, logits = trajectory_logprobs(
+            model, trajs, self.token_ids, self._temperature, return_logits=entropy
         )
+        if not entropy:
+            return logp, batch, None
+        with torch.no_grad():
+            return logp, batch, entropy_from_logits(logits.detach())
 
     # ---- the update -------------------------------------------------------------------------
     def _update(self, trajs, adv: torch.Tensor, keep: torch.Tensor, formed) -> dict[str, float]:
@@ -276,9 +295,10 @@ class GRPOModule(pl.LightningModule):
         return out
 
     def _chunks(self, trajs) -> list[list[int]]:
-        """Indices of `trajs` in micro-batches of the configured padded-token budget."""
+        """Indices of `trajs` in micro-batches of the configured (padded or packed) budget."""
         lengths = [len(t.token_ids) for t in trajs]
-        return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
+        cut = packed_chunks if self.algo.pack_update else token_budget_chunks
+        return cut(lengths, self.algo.micro_batch_tokens)
 
     def _rows(self, trajs: Sequence[Trajectory], mb: MicroBatch) -> list[Trajectory]:
         """The trajectories of micro-batch `mb` (a filler row for a dummy on an empty rank)."""
@@ -314,12 +334,10 @@ class GRPOModule(pl.LightningModule):
     def _micro_step(self, mb, prox, weights: MicroWeights) -> dict[str, float]:
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
-        logp, batch, logits = self._logp(self.policy, trajs, logits=True)
+        logp, batch, entropy = self._logp(self.policy, trajs, entropy=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
         a = torch.tensor(adv, dtype=torch.float32, device=logp.device)
         loss, m = get_policy_loss(self.algo.loss)(
             logp,
