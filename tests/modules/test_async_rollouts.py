@@ -196,14 +196,56 @@ def _ppid(pid: int) -> int | None:
 def children() -> set[int]:
     """This process's live children, but multiprocessing's resource tracker (it serves every
     spawn context of the process until the process exits)."""
-    out = set()
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        if _ppid(int(p)) != os.getpid():
-            continue
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                if b"resource_tracker" not in f.read():
-                    out.add(int(p))
-        except FileNotFoundError:
-            continue
-    return out
+    return {p for p in _children_of(os.getpid()) if not _is_tracker(p)}
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides):
+    """`python train.py rollout.mode=async` killed with SIGKILL: its generator exits by itself;
+    `ckpt_path=last` goes on from the checkpointed weights with fresh rollouts and the step
+    count loses no update."""
+    import subprocess
+
+    from tests.modules.test_kill_resume_cli import _checkpoint_step, _command, _env, _wait_for_step
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    overrides = [*tiny_run_overrides, "rollout.mode=async", "rollout.max_staleness=1"]
+    overrides += ["algorithm.loss=decoupled_ppo"]
+    proc = subprocess.Popen(
+        _command(run_dir, overrides, "trainer.max_steps=200"),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _wait_for_step(last, proc, 2)
+    generators = [p for p in _children_of(proc.pid) if not _is_tracker(p)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(generators) == 1 and gone(generators[0], within_s=15)
+    step = _checkpoint_step(last)
+    resumed = subprocess.run(
+        _command(run_dir, overrides, f"trainer.max_steps={step + 2}", "ckpt_path=last"),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {last} at step {step}" in resumed.stdout, resumed.stdout
+    assert _checkpoint_step(last) == step + 2
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _ppid(int(p)) == pid]
+
+
+def _is_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except FileNotFoundError:
+        return True
