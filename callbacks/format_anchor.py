@@ -1,4 +1,4 @@
-"""A curriculum for the two format signals of PARA-GRPO (PARAVT sections 3 and 4 (i)).
+"""A curriculum for the two format signals of PARA-GRPO (docs/method.md sections 3 and 4 (i)).
 
 Before every training batch the callback sets, from the optimizer step (`trainer.global_step`,
 the number of completed optimizer steps: 0 for the first batch, and advancing by k per batch

@@ -1,4 +1,4 @@
-"""Frame-budget randomisation as a Lightning callback (PARAVT section 4 (ii), "nFrames gating").
+"""Frame-budget randomisation as a Lightning callback (docs/method.md section 4 (ii), gating).
 
 In `setup` the callback hands a deterministic `FrameBudgetSampler` to the DataModule through the
 `BudgetSink` Protocol (`set_budget_sampler`), so every prompt's overview budget K comes from the

@@ -21,9 +21,11 @@ from dataclasses import asdict, astuple, dataclass, field, replace
 import lightning.pytorch as pl
 import torch
 
+from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
+from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.parallel.distributed import (
     MicroBatch,
     Rank,
@@ -78,7 +80,10 @@ class AlgorithmConfig:
     anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1  # optimiser steps per PPO epoch
-    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch
+    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch (packed: tokens)
+    # True: each micro-batch is one packed row, cut by its tokens in all, no padding
+    # (paravt.modules.packed_forward); the loss and its gradient equal the padded path's.
+    pack_update: bool = False
     max_grad_norm: float = 1.0
     train_subagents: bool = False
     # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate" or "token_mask".
@@ -141,6 +146,11 @@ class GRPOModule(pl.LightningModule):
         self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
         self._reference_kl = 0.0
         self.resumed_step: int | None = None  # the checkpoint's global step after a resume
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimiser updates (policy versions) one training step makes at most."""
+        return self.algo.ppo_epochs * self.algo.ppo_mini_batches
 
     # ---- the callbacks' Protocols -----------------------------------------------------------
     def set_format_weight(self, weight: float) -> None:
@@ -240,6 +250,11 @@ class GRPOModule(pl.LightningModule):
         return totals - self.algo.kl_coef * seq_kl
 
     def _logp(self, model, trajs, temperature: float, entropy: bool = False):
+        """(logp [N, T], padded batch, entropy [N, T] if asked), packed or padded."""
+        if self.algo.pack_update:
+            rope = model_rope_index(model)
+            ids = self.token_ids
+            return packed_trajectory_logprobs(model, trajs, ids, rope, temperature, entropy)
         return trajectory_logprobs(
             model, trajs, self.token_ids, temperature, return_entropy=entropy
         )
@@ -294,9 +309,10 @@ class GRPOModule(pl.LightningModule):
         return out
 
     def _chunks(self, trajs) -> list[list[int]]:
-        """Indices of `trajs` in micro-batches of the configured padded-token budget."""
+        """Indices of `trajs` in micro-batches of the configured (padded or packed) budget."""
         lengths = [len(t.token_ids) for t in trajs]
-        return token_budget_chunks(lengths, self.algo.micro_batch_tokens)
+        cut = packed_chunks if self.algo.pack_update else token_budget_chunks
+        return cut(lengths, self.algo.micro_batch_tokens)
 
     def _rows(self, trajs: Sequence[Trajectory], mb: MicroBatch) -> list[Trajectory]:
         """The trajectories of micro-batch `mb` (a filler row for a dummy on an empty rank)."""

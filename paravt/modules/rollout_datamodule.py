@@ -50,8 +50,13 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # async: a generator process overlaps generation with the update (modules/async_rollouts.py)
+    mode: str = "sync"
+    generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
 
     def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
 
 
@@ -79,6 +84,8 @@ class RolloutDataModule(PromptDataModule):
         self.bad_videos: dict[str, str] = {}  # video path -> error, found undecodable mid-run
         self.skipped_prompts = 0  # training prompts skipped for their video, over the run
         self.eval_video_errors: dict[str, str] = {}  # held-out video path -> error
+        self.async_rollouts = None  # rollout.mode=async: the generator process, once started
+        self._steps = None  # the loader's prompt batches, for submitting steps ahead
 
     # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
@@ -130,6 +137,33 @@ class RolloutDataModule(PromptDataModule):
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch  # prompts hold no tensors; rollouts are built on the policy's device
 
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+        self._steps = loader.dataset
+        return loader
+
+    def prompt_batch(self, step: int) -> PromptBatch | None:
+        """The prompt batch of `step` (None past the last step), ahead of the loader."""
+        i = step - self._steps.start
+        return self._steps[i] if 0 <= i < len(self._steps) else None
+
+    def sampling(self, step: int) -> SamplingParams:
+        """The sampling of `step`'s rollouts (its seed depends on the step alone)."""
+        return SamplingParams(temperature=self.rollout.temperature, seed=self.seed * 100_003 + step)
+
+    def teardown(self, stage: str | None = None) -> None:
+        self.stop_async()
+        super().teardown(stage)
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.stop_async()
+
+    def stop_async(self) -> None:
+        """Stop the generator process of rollout.mode=async (if any)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+            self.async_rollouts = None
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, PromptBatch):
             return self.generate_rollouts(batch, self.trainer.lightning_module)
@@ -161,6 +195,15 @@ class RolloutDataModule(PromptDataModule):
         once per video, counted, never retried); `fail_fast` stops the run instead.
         """
         agent = self.connect(module)
+        if self.rollout.mode == "async":
+            from paravt.modules.async_rollouts import AsyncRollouts, rollout_batch
+
+            if self.async_rollouts is None:
+                self.async_rollouts = AsyncRollouts(self, module)
+            got = self.async_rollouts.take(batch.step, module)
+            if got is not None:
+                return rollout_batch(self, batch, module, got)
+            self.sync(module, 0)  # too stale: regenerated here with the current weights
         sync_s = self.sync(module, self.rollout.max_staleness)
         cfg = self.rollout
         samples = [s for s in batch.samples if s.video not in self.bad_videos]
@@ -169,7 +212,7 @@ class RolloutDataModule(PromptDataModule):
         ]
         budgets = self.budgets(samples, batch.epoch)
         version = self.engine.weight_version
-        params = SamplingParams(temperature=cfg.temperature, seed=self.seed * 100_003 + batch.step)
+        params = self.sampling(batch.step)
         t0 = time.perf_counter()
         result = self._run(agent, samples, budgets, params)
         trajs = list(result)

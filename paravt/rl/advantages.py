@@ -5,7 +5,7 @@ Trajectories are ordered group-contiguously (trajectory n = b * G + g); `group_v
 `[N]` reward vector into that view. Advantages are per rollout; `broadcast_to_tokens` spreads them
 over the trained tokens.
 
-Order of the reference recipe (PARAVT section 5): `shape_rewards` -> group advantage (`grpo`) ->
+Order of the reference recipe (docs/method.md §5): `shape_rewards` -> group advantage (`grpo`) ->
 `broadcast_to_tokens` -> `batch_normalize` over the trained tokens.
 
 This module deliberately does not compute rewards, KL terms or losses (see kl.py, losses.py), and
@@ -110,7 +110,7 @@ def shape_rewards(
     shift: float = -0.2,
     clip: float = 20.0,
 ) -> Tensor:  # same shape
-    """Reference reward shaping (PARAVT section 5): clip((R + shift) * scale, -clip, +clip)."""
+    """Reference reward shaping (docs/method.md §5): clip((R + shift) * scale, -clip, +clip)."""
     if clip < 0:
         raise ValueError(f"clip must be >= 0 (a symmetric bound), got {clip}")
     return ((rewards + shift) * scale).clamp(-clip, clip)

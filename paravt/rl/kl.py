@@ -5,7 +5,7 @@ policy: with d = logp - ref_logp,
     k1 = d                              (unbiased, can be negative)
     k2 = 0.5 * d ** 2                   (biased, low variance, >= 0)
     k3 = exp(-d) - (-d) - 1             (unbiased, >= 0)
-The reference recipe (PARAVT section 4) folds k1 with coefficient 0.01 into the reward
+The reference recipe (docs/method.md section 4) folds k1 with coefficient 0.01 into the reward
 (`fold_kl_into_rewards`); the KL-as-a-loss alternative lives in losses.py (`kl_loss`).
 
 This module deliberately does not aggregate over tokens into a loss, and does not compute

@@ -1,8 +1,8 @@
 """Teacher-forced token log-probabilities that mirror the rollout engine's sampling distribution.
 
 The engine samples from softmax(logits / temperature) with the vision placeholder ids set to -inf
-(PARAVT pitfall 8). The trainer must score tokens under exactly that distribution, or every PPO
-ratio is biased: divide by the temperature FIRST, then suppress, then normalise.
+(docs/method.md pitfall 8). The trainer must score tokens under exactly that distribution, or
+every PPO ratio is biased: divide by the temperature FIRST, then suppress, then normalise.
 
 Alignment convention (`causal_token_logprobs`): the returned `logp[:, t]` is the log-probability
 of `input_ids[:, t]` given the tokens before t, i.e. it is read from `logits[:, t - 1]`; there is

@@ -1,4 +1,4 @@
-"""The two training-health figures of PARAVT section 7, and per-budget breakdowns.
+"""The two training-health figures of docs/method.md section 7, and per-budget breakdowns.
 
 f_tau: mean format reward of a batch of training rollouts (format compliance at temperature 0.7).
 kappa: mean number of tool calls per rollout. `per_budget` splits any per-rollout value by the

@@ -6,6 +6,8 @@ mask 0, structural tags to anchor) plus an empty row; the behaviour log-probs ar
 own, so no token is clipped away. For every aggregation and loss variant, the policy-loss +
 structural-anchor + KL-loss gradient with many micro-batches equals the one-piece gradient within
 1e-6 (issue 12 item 3, at the trainer level; tests/rl/test_microbatch.py is the core's proof).
+The packed update (`algorithm.pack_update=true`: one padding-free row per micro-batch) gives the
+padded one-piece gradient within 1e-5 under the same cuts, and the same log-probs.
 """
 
 from __future__ import annotations
@@ -61,32 +63,38 @@ class MicroBatchProbe(pl.Callback):
 
     def __init__(self, samples, budgets):
         self.samples, self.budgets = samples, budgets
-        self.grads: dict[tuple[str, str, int], dict[str, torch.Tensor]] = {}
-        self.chunks: dict[int, int] = {}
+        self.grads: dict[tuple[str, str, int, bool], dict[str, torch.Tensor]] = {}
+        self.chunks: dict[tuple[int, bool], int] = {}
+        self.logp: dict[bool, torch.Tensor] = {}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         trajs = on_policy(module, teacher_trajectories(module.processor, self.samples))
         self.trained = [t.num_trained_tokens for t in trajs]
+        self.lengths = [len(t.token_ids) for t in trajs]
         self.structural = sum("</tool_call>" in t.response_text for t in trajs)
         adv = [1.0, -0.7, 0.4, -1.3][: len(trajs)]
         formed = [True, True, False, True][: len(trajs)]
         items = list(zip(trajs, adv, formed, strict=True))
         algo = module.algo
-        for agg in sorted(AGGREGATIONS):
-            for loss in sorted(POLICY_LOSSES):
-                for budget in self.budgets:
-                    module.algo = replace(
-                        algo, aggregation=agg, loss=loss, micro_batch_tokens=budget
-                    )
-                    self.chunks[budget] = len(module._chunks(trajs))
-                    module.policy.zero_grad(set_to_none=True)
-                    prox = module._proximal_logprobs(trajs, 1.0)
-                    module._mini_step(items, prox, {}, 1, 1.0)
-                    self.grads[agg, loss, budget] = {
-                        n: p.grad.detach().clone()
-                        for n, p in module.policy.named_parameters()
-                        if p.grad is not None
-                    }
+        for pack in (False, True):
+            module.algo = replace(algo, pack_update=pack)
+            with torch.no_grad():
+                self.logp[pack] = module._logp(module.policy, trajs, 1.0)[0]
+        cuts = [(b, False) for b in self.budgets] + [(self.budgets[0], True)]
+        for agg, loss, (budget, pack) in itertools.product(
+            sorted(AGGREGATIONS), sorted(POLICY_LOSSES), cuts
+        ):
+            module.algo = replace(
+                algo, aggregation=agg, loss=loss, micro_batch_tokens=budget, pack_update=pack
+            )
+            self.chunks[budget, pack] = len(module._chunks(trajs))
+            module.policy.zero_grad(set_to_none=True)
+            module._mini_step(items, module._proximal_logprobs(trajs, 1.0), {}, 1, 1.0)
+            self.grads[agg, loss, budget, pack] = {
+                n: p.grad.detach().clone()
+                for n, p in module.policy.named_parameters()
+                if p.grad is not None
+            }
         module.algo = algo
         module.policy.zero_grad(set_to_none=True)
 
@@ -125,13 +133,22 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
     run.trainer.fit(run.module, datamodule=run.datamodule)
     # The cut really differs: one micro-batch vs one row each; rows differ in trained length,
     # one row is empty and some carry structural tags, so every divisor is exercised.
-    assert probe.chunks[ONE_PIECE] == 1 and probe.chunks[1] == len(samples)
+    assert probe.chunks[ONE_PIECE, False] == 1 and probe.chunks[1, False] == len(samples)
+    assert probe.chunks[ONE_PIECE, True] == 1  # every trajectory in one packed row
     assert len(set(probe.trained)) >= 3 and 0 in probe.trained and probe.structural >= 1
-    for agg in AGGREGATIONS:
-        for loss in POLICY_LOSSES:
-            whole, split = probe.grads[agg, loss, ONE_PIECE], probe.grads[agg, loss, 1]
-            assert whole.keys() == split.keys() and whole
-            worst = max(float((whole[k] - split[k]).abs().max()) for k in whole)
-            scale = max(float(g.abs().max()) for g in whole.values())
-            assert scale > 1e-4, (agg, loss)  # a gradient that could differ
-            assert worst < 1e-6, (agg, loss, worst, scale)
+    # The packed pass's log-probs, laid out as padded rows, are the padded pass's.
+    padded, packed = probe.logp[False], probe.logp[True]
+    # Within each row's own tokens; suppressed vision placeholders are -inf in both.
+    inside = torch.arange(padded.shape[1]) < torch.tensor(probe.lengths).unsqueeze(1)
+    finite = torch.isfinite(padded) & inside
+    assert torch.equal(finite, torch.isfinite(packed) & inside)
+    torch.testing.assert_close(packed[finite], padded[finite], atol=1e-5, rtol=0)
+    for agg, loss in itertools.product(AGGREGATIONS, POLICY_LOSSES):
+        whole = probe.grads[agg, loss, ONE_PIECE, False]
+        scale = max(float(g.abs().max()) for g in whole.values())
+        assert scale > 1e-4, (agg, loss)  # a gradient that could differ
+        for budget, pack in ((1, False), (ONE_PIECE, True)):
+            other = probe.grads[agg, loss, budget, pack]
+            assert whole.keys() == other.keys() and whole
+            worst = max(float((whole[k] - other[k]).abs().max()) for k in whole)
+            assert worst < (1e-5 if pack else 1e-6), (agg, loss, budget, pack, worst, scale)

@@ -353,3 +353,18 @@ def test_neg_inf_logp_at_trained_token_is_clamped_but_nan_propagates() -> None:
     nan_logp = torch.tensor([[float("nan")]])
     loss, _ = ppo_clip_loss(nan_logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))
     assert math.isnan(loss.item())
+
+
+def test_decoupled_weights_and_gradient_when_behaviour_differs_from_proximal() -> None:
+    # Two tokens, A = 1, clip 0.2, token mean. Token 0: w = pi_prox/pi_behav = 3, ratio
+    # pi/pi_prox = 1.1 (inside the clip): term -3 * 1.1, d/dlogp = -3 * 1.1 / 2 = -1.65.
+    # Token 1: w = 2, ratio 1.5 > 1.2: clipped, term -2 * 1.2, no gradient.
+    # loss = (-3.3 - 2.4) / 2 = -2.85
+    prox = torch.tensor([[-1.0, -2.0]])
+    behav = prox - torch.tensor([[math.log(3.0), math.log(2.0)]])
+    logp = (prox + torch.tensor([[math.log(1.1), math.log(1.5)]])).requires_grad_(True)
+    loss, m = decoupled_ppo_loss(logp, prox, behav, torch.tensor([1.0]), torch.ones(1, 2))
+    loss.backward()
+    assert loss.item() == pytest.approx(-2.85)
+    assert logp.grad[0].tolist() == pytest.approx([-1.65, 0.0])
+    assert (m.iw_min, m.iw_max, m.clip_frac_high) == pytest.approx((2.0, 3.0, 0.5))

@@ -1,0 +1,117 @@
+"""Side-by-side: the RL update's forward + backward, right-padded micro-batches vs packed rows.
+
+One step's trajectories have lengths drawn log-uniformly from the paper's spread (an answer
+without tools ~1.5k tokens to three rounds of five crops ~16k), scaled down by `--scale` for the
+tiny Qwen3-VL, in generation order. Both sides run the micro-batches the trainer would cut with
+the same `algorithm.micro_batch_tokens` (padded: rows x longest; packed: tokens in all) and the
+same loss (advantage-weighted masked log-prob sum) and backward; the padded and packed losses
+are checked equal before timing. Text-only trajectories (the update's cost is per token; the
+vision tower is frozen and runs the same on both sides).
+
+    python benchmarks/packed_update.py [--trajectories 16] [--scale 16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from paravt.data.packing import model_rope_index
+from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.models.tiny import TinyModelConfig, build_tiny_model
+from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
+from paravt.rl.objective import token_budget_chunks
+from paravt.types import Trajectory
+
+
+def step_trajectories(n: int, scale: int, words: list[int], seed: int) -> list[Trajectory]:
+    """`n` text trajectories of `words`, lengths log-uniform in [1.5k, 16k] / scale, the last
+    60% trained."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = int(math.exp(rng.uniform(math.log(1536), math.log(16384))) / scale)
+        ids = tuple(rng.choice(words) for _ in range(length))
+        prompt = int(length * 0.4)
+        mask = (0,) * prompt + (1,) * (length - prompt)
+        out.append(Trajectory(f"s{i}", i % 8, ids, mask, (0.0,) * length, (), prompt))
+    return out
+
+
+def update(model, trajs, chunks, ids: TokenIds, packed: bool) -> float:
+    """Forward + backward over every micro-batch; the summed loss."""
+    rope = model_rope_index(model)
+    total = 0.0
+    for chunk in chunks:
+        rows = [trajs[i] for i in chunk]
+        if packed:
+            logp, batch, _ = packed_trajectory_logprobs(model, rows, ids, rope)
+        else:
+            logp, batch, _ = trajectory_logprobs(model, rows, ids)
+        adv = torch.tensor([(i % 5 - 2) / 2 for i in chunk]).unsqueeze(1)  # per trajectory
+        loss = -torch.where(batch.loss_mask, logp * adv, torch.zeros_like(logp)).sum() / 1e3
+        loss.backward()
+        total += float(loss.detach())
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trajectories", type=int, default=16)
+    p.add_argument("--scale", type=int, default=16, help="paper lengths / this = tiny lengths")
+    p.add_argument("--budget", type=int, default=16384, help="micro_batch_tokens at paper scale")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(Path(tmp) / "model", TinyModelConfig("qwen3_vl"))
+        processor = AutoProcessor.from_pretrained(path)
+        model = AutoModelForImageTextToText.from_pretrained(path)
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+    special = set(processor.tokenizer.all_special_ids) | {ids.image, ids.video, *ids.suppress}
+    words = [i for i in range(model.config.text_config.vocab_size) if i not in special]
+    trajs = step_trajectories(args.trajectories, args.scale, words, args.seed)
+    lengths = [len(t.token_ids) for t in trajs]
+    budget = args.budget // args.scale
+    padded_chunks = token_budget_chunks(lengths, budget)
+    pack_chunks = packed_chunks(lengths, budget)
+    padded_tokens = sum(len(c) * max(lengths[i] for i in c) for c in padded_chunks)
+    same = (
+        update(model, trajs, padded_chunks, ids, False),
+        update(model, trajs, pack_chunks, ids, True),
+    )
+    if not math.isclose(*same, rel_tol=1e-4):
+        raise SystemExit(f"padded and packed losses differ: {same}")
+    t_pad = timed(lambda: update(model, trajs, padded_chunks, ids, False), args.repeats)
+    t_pack = timed(lambda: update(model, trajs, pack_chunks, ids, True), args.repeats)
+    print(
+        f"trajectories: {len(trajs)}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)})"
+    )
+    print(f"micro-batch budget: {budget} tokens; threads: {torch.get_num_threads()}")
+    print(f"padded: {len(padded_chunks)} micro-batches, {padded_tokens} tokens run, {t_pad:.3f} s")
+    print(f"packed: {len(pack_chunks)} micro-batches, {sum(lengths)} tokens run, {t_pack:.3f} s")
+    print(f"packed/padded update speed: {t_pad / t_pack:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

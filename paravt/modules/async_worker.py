@@ -1,0 +1,187 @@
+"""The asynchronous rollout generator: its own process, engine, cores and threads.
+
+`AsyncGenerator` (the trainer's handle) spawns `generator_main` with torch.multiprocessing
+(spawn). The child loads the policy's architecture and processor, copies the trainer's current
+weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its cores, and
+then runs `GenTask`s in order: before each task it loads the newest published weights, and it
+puts a `GenResult` (grouped trajectories + the version they were sampled under + busy time) into
+a bounded queue. Which steps may start is decided by the trainer (`paravt.rollout.staleness`).
+
+Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
+`take` (with the child's traceback); a child that dies silently is noticed within a second;
+the child ignores Ctrl-C (the trainer closes it) and exits by itself when its parent dies
+(kill -9), so no orphan is left. It deliberately knows nothing of Lightning or rewards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paravt.types import Sample, Trajectory
+
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What the child needs to build its engine and agent (all picklable)."""
+
+    policy: object  # paravt.models.loading.PolicySpec
+    engine: object  # paravt.rollout.factory.EngineConfig
+    agent: object  # paravt.agent.loop.AgentConfig
+    crop: object  # paravt.agent.tools.CropConfig
+    cores: tuple[int, ...]
+    threads: int
+    skip_bad_videos: bool = True
+
+
+@dataclass(frozen=True)
+class GenTask:
+    step: int
+    samples: tuple[Sample, ...]
+    budgets: tuple[int, ...]
+    group_size: int
+    params: object  # paravt.rollout.engine.SamplingParams
+
+
+@dataclass(frozen=True)
+class GenResult:
+    step: int
+    version: int  # the policy version every trajectory of the step was sampled under
+    trajectories: tuple[Trajectory, ...]
+    video_errors: dict[str, str]
+    busy_s: float  # generation time in the child
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True)
+class GenFailure:
+    error: str  # the child's traceback
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os._exit(3)  # the trainer is gone (kill -9): leave no orphan
+
+
+def _pin(cores: Sequence[int], threads: int) -> None:
+    import torch
+
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+    torch.set_num_threads(max(1, threads))
+
+
+def _build(spec: GeneratorSpec, weights):
+    from paravt.agent.loop import AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.models.loading import load_policy
+    from paravt.rollout.factory import build_engine
+    from paravt.video.reader import VideoReader
+
+    model, processor = load_policy(spec.policy)
+    model.requires_grad_(False).eval()
+    version = weights.load_into(model, everything=True)
+    engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
+    engine.sync_weights(model, version)
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop)
+    return model, engine, agent
+
+
+def generator_main(spec: GeneratorSpec, weights, tasks, results, parent: int) -> None:
+    """The child process: build, then serve tasks until a None arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    try:
+        _pin(spec.cores, spec.threads)
+        model, engine, agent = _build(spec, weights)
+        while (task := tasks.get()) is not None:
+            if weights.version != engine.weight_version:
+                engine.sync_weights(model, weights.load_into(model))
+            t0 = time.perf_counter()
+            run = agent.run(
+                list(task.samples),
+                list(task.budgets),
+                task.group_size,
+                task.params,
+                skip_bad_videos=spec.skip_bad_videos,
+            )
+            busy = time.perf_counter() - t0
+            timings = {f"rollout_{k}": v for k, v in run.timings.items()}
+            errors = dict(run.video_errors)
+            out = GenResult(task.step, engine.weight_version, tuple(run), errors, busy, timings)
+            results.put(out)
+    except BaseException:
+        results.put(GenFailure(traceback.format_exc()))
+
+
+class GeneratorError(RuntimeError):
+    """The rollout generator process failed; training stops with its error."""
+
+
+class AsyncGenerator:
+    """The trainer's handle on one generator process."""
+
+    def __init__(self, spec: GeneratorSpec, weights, max_pending: int):
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.tasks = ctx.Queue()
+        self.results = ctx.Queue(maxsize=max(1, max_pending))
+        self.process = ctx.Process(
+            target=generator_main,
+            args=(spec, weights, self.tasks, self.results, os.getpid()),
+            daemon=True,
+            name="paravt-rollout-generator",
+        )
+        self.process.start()
+        self.pid = self.process.pid
+
+    def submit(self, task: GenTask) -> None:
+        self.tasks.put(task)
+
+    def take(self, step: int, timeout_s: float | None = None) -> tuple[GenResult, float]:
+        """The result of `step` (the next one due) and the seconds waited for it."""
+        t0 = time.perf_counter()
+        while True:
+            try:
+                got = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise GeneratorError(
+                        f"the rollout generator process (pid {self.pid}) died with exit code "
+                        f"{self.process.exitcode} before sending step {step}"
+                    ) from None
+                if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                    raise GeneratorError(f"no rollouts for step {step} in {timeout_s} s") from None
+                continue
+            if isinstance(got, GenFailure):
+                raise GeneratorError(f"the rollout generator failed:\n{got.error}")
+            if got.step != step:
+                raise GeneratorError(f"rollouts arrived for step {got.step}, expected {step}")
+            return got, time.perf_counter() - t0
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the child (politely, then by force) and wait for it."""
+        if self.process.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                self.tasks.put(None)
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        for q in (self.tasks, self.results):
+            q.cancel_join_thread()
+            q.close()

@@ -1,0 +1,251 @@
+"""rollout.mode=async on the real tiny Qwen3-VL: a generator process, its staleness bound and
+its failure behaviour (issue 24). Each run is a short Lightning fit on CPU; after every test the
+generator's pid is gone (no orphans)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from paravt.modules.async_worker import GeneratorError
+from tests.modules.test_grpo_training import train
+
+ASYNC = ["rollout.mode=async", "callbacks.benchmark_validation=null"]
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` has exited (and been reaped) within `within_s`."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True  # a zombie: exited, its parent has not reaped it yet
+        except FileNotFoundError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class Pids(pl.Callback):
+    """Remembers the generator's pid (and can slow the trainer down)."""
+
+    def __init__(self, sleep_s: float = 0.0):
+        self.pids: set[int] = set()
+        self.sleep_s = sleep_s
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        rollouts = trainer.datamodule.async_rollouts
+        if rollouts is not None:
+            self.pids.add(rollouts.generator.pid)
+        time.sleep(self.sleep_s)
+
+
+def scalars(tmp_path, key: str) -> list[float]:
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    return [e.value for e in acc.Scalars(key)]
+
+
+def fit(tmp_path, tiny_dir, needle_dir, *extra, callbacks=()):
+    from paravt.run.build import build_run
+    from tests.modules.test_grpo_training import CPU_SCALE, compose_cfg, local_paths
+
+    cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tiny_dir, needle_dir) + list(extra))
+    run = build_run(cfg)
+    run.trainer.callbacks.extend(callbacks)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    return run
+
+
+@pytest.mark.slow
+def test_async_with_staleness_0_makes_the_updates_of_sync(tmp_path, tiny_qwen3_dir, needle_dir):
+    steps = ["trainer.max_steps=3", "callbacks.benchmark_validation=null"]
+    torch.manual_seed(0)
+    _, sync = train(tmp_path / "sync", tiny_qwen3_dir, needle_dir, *steps)
+    pids = Pids()
+    torch.manual_seed(0)
+    run = fit(tmp_path / "async", tiny_qwen3_dir, needle_dir, *steps, *ASYNC, callbacks=[pids])
+    assert len(pids.pids) == 1 and all(gone(p) for p in pids.pids)
+    # The same rollouts (token for token), versions and rewards at every step ...
+    assert (
+        run.datamodule.rollout_versions
+        == sync.datamodule.rollout_versions
+        == [
+            (0, 0),
+            (1, 1),
+            (2, 2),
+        ]
+    )
+    assert run.module.reward_history == sync.module.reward_history
+    for key in ("loss/loss", "loss/logprob_gap", "grad_norm"):
+        got, want = scalars(tmp_path / "async", key), scalars(tmp_path / "sync", key)
+        assert got == pytest.approx(want, abs=1e-5), key
+    # ... so the same weights after three updates.
+    for (name, a), b in zip(
+        run.module.policy.named_parameters(), sync.module.policy.parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+    assert scalars(tmp_path / "async", "rollout/staleness") == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer_sleep_s", [3.0, 0.0], ids=["slow_trainer", "slow_generator"])
+def test_the_staleness_bound_is_never_exceeded(
+    tmp_path, tiny_qwen3_dir, needle_dir, trainer_sleep_s
+):
+    """max_staleness=1: generation runs one step ahead. A slow trainer finds every batch ready
+    (sampled one update back); a slow generator (long generations) makes the trainer wait. In
+    both, no trajectory is trained more than 1 update behind, and none was dropped."""
+    pids = Pids(sleep_s=trainer_sleep_s)
+    tokens = 12 if trainer_sleep_s else 48
+    run = fit(
+        tmp_path,
+        tiny_qwen3_dir,
+        needle_dir,
+        "trainer.max_steps=4",
+        "rollout.max_staleness=1",
+        "algorithm.loss=decoupled_ppo",
+        f"rollout.agent.max_new_tokens={tokens}",
+        *ASYNC,
+        callbacks=[pids],
+    )
+    assert all(gone(p) for p in pids.pids)
+    staleness = scalars(tmp_path, "rollout/staleness")
+    trained = scalars(tmp_path, "update/trajectories")
+    assert len(staleness) == 4 and sum(trained) > 0
+    # Per trajectory: every one of a step's trajectories carries that step's version.
+    per_trajectory = [s for s, n in zip(staleness, trained, strict=True) for _ in range(int(n))]
+    assert max(per_trajectory) <= 1
+    assert staleness[0] == 0.0 and staleness[1:] == [1.0, 1.0, 1.0]  # generated a step ahead
+    assert scalars(tmp_path, "rollout/stale_dropped") == [0.0] * 4
+    versions = run.datamodule.rollout_versions
+    assert versions == [(0, 0), (1, 0), (2, 1), (3, 2)]
+
+
+class KillGenerator(Pids):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
+        os.kill(trainer.datamodule.async_rollouts.generator.pid, signal.SIGKILL)
+
+
+class TrainerCrash(Pids):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
+        raise RuntimeError("trainer crashed on purpose")
+
+
+@pytest.mark.slow
+def test_a_dead_generator_stops_training_with_its_error(tmp_path, tiny_qwen3_dir, needle_dir):
+    pids = KillGenerator()
+    with pytest.raises(GeneratorError, match=r"died with exit code -9 before sending step 1"):
+        fit(tmp_path, tiny_qwen3_dir, needle_dir, "trainer.max_steps=3", *ASYNC, callbacks=[pids])
+    assert len(pids.pids) == 1 and all(gone(p) for p in pids.pids)
+
+
+@pytest.mark.slow
+def test_an_exception_in_the_generator_stops_training(tmp_path, tiny_qwen3_dir, needle_dir):
+    """A video that stops decoding after setup, with data.fail_fast=true: the child's error
+    (its traceback, the video named) is the trainer's."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(needle_dir, data)
+
+    class BreakVideos(Pids):
+        def on_train_start(self, trainer, module):
+            for v in data.glob("**/*.mp4"):
+                v.write_bytes(b"not a video")
+
+    pids, before = BreakVideos(), children()
+    with pytest.raises(GeneratorError, match=r"(?s)rollout generator failed.*\.mp4"):
+        fit(
+            tmp_path,
+            tiny_qwen3_dir,
+            data,
+            "trainer.max_steps=2",
+            "data.fail_fast=true",
+            *ASYNC,
+            callbacks=[pids],
+        )
+    assert all(gone(p) for p in children() - before)
+
+
+@pytest.mark.slow
+def test_a_trainer_crash_leaves_no_generator(tmp_path, tiny_qwen3_dir, needle_dir):
+    pids = TrainerCrash()
+    with pytest.raises(RuntimeError, match="trainer crashed on purpose"):
+        fit(tmp_path, tiny_qwen3_dir, needle_dir, "trainer.max_steps=3", *ASYNC, callbacks=[pids])
+    assert len(pids.pids) == 1 and all(gone(p) for p in pids.pids)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().split(")")[-1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+
+
+def children() -> set[int]:
+    """This process's live children, but multiprocessing's resource tracker (it serves every
+    spawn context of the process until the process exits)."""
+    return {p for p in _children_of(os.getpid()) if not _is_tracker(p)}
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides):
+    """`python train.py rollout.mode=async` killed with SIGKILL: its generator exits by itself;
+    `ckpt_path=last` goes on from the checkpointed weights with fresh rollouts and the step
+    count loses no update."""
+    import subprocess
+
+    from tests.modules.test_kill_resume_cli import _checkpoint_step, _command, _env, _wait_for_step
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    overrides = [*tiny_run_overrides, "rollout.mode=async", "rollout.max_staleness=1"]
+    overrides += ["algorithm.loss=decoupled_ppo"]
+    proc = subprocess.Popen(
+        _command(run_dir, overrides, "trainer.max_steps=200"),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _wait_for_step(last, proc, 2)
+    generators = [p for p in _children_of(proc.pid) if not _is_tracker(p)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(generators) == 1 and gone(generators[0], within_s=15)
+    step = _checkpoint_step(last)
+    resumed = subprocess.run(
+        _command(run_dir, overrides, f"trainer.max_steps={step + 2}", "ckpt_path=last"),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {last} at step {step}" in resumed.stdout, resumed.stdout
+    assert _checkpoint_step(last) == step + 2
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _ppid(int(p)) == pid]
+
+
+def _is_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except FileNotFoundError:
+        return True

@@ -1,0 +1,33 @@
+"""The staleness contract's arithmetic (paravt.rollout.staleness), by hand, and the core split."""
+
+from __future__ import annotations
+
+import pytest
+
+from paravt.modules.async_rollouts import split_cores
+from paravt.rollout.staleness import lag_steps, last_startable_step, too_stale
+
+
+def test_lag_is_counted_in_whole_steps_of_updates():
+    assert lag_steps(0, 1) == 0  # as sync: a step starts only after the previous update
+    assert lag_steps(2, 1) == 2  # the reference recipe: up to 2 steps ahead
+    assert lag_steps(2, 4) == 0  # 4 updates a step: one step ahead would be 4 stale
+    assert lag_steps(5, 2) == 2
+    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
+        lag_steps(-1, 1)
+
+
+def test_gate_and_check_agree():
+    # After 3 trained steps with max_staleness 2 (1 update a step), steps 4 and 5 may start;
+    # step 5 started under version 3 is trained at version 5: exactly at the bound.
+    assert last_startable_step(3, 2, 1) == 5
+    assert not too_stale(5, 3, 2)
+    assert too_stale(6, 3, 2)
+    assert not too_stale(0, 0, 0) and too_stale(1, 0, 0)
+
+
+def test_cores_are_split_between_trainer_and_generator():
+    assert split_cores([0, 1], None) == ([0], [1])
+    assert split_cores([0, 1, 2, 3], 1) == ([0, 1, 2], [3])
+    assert split_cores([0, 1, 2, 3], 9) == ([0], [1, 2, 3])  # the trainer keeps one
+    assert split_cores([0], None) == ([0], [0])  # one core: shared
