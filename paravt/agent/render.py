@@ -21,6 +21,23 @@ from typing import Any
 from paravt.types import Frames, Visual
 
 _PLACEHOLDER = "\u0000PARAVT_ASSISTANT_TURN\u0000"
+_WRAPPED_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def chat_text(processor, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
+    """The chat template's text, with each video as the placeholder the processor expects.
+
+    Qwen3-VL's processor writes `<t seconds><|vision_start|>...<|vision_end|>` for every frame
+    group itself, so the `<|vision_start|><|video_pad|><|vision_end|>` of the official template
+    becomes the bare pad (as transformers 4.57's processor did; 5.x nests the blocks, PARAVT
+    pitfall 9). A designed difference from the template's own text (docs/tokenizers.md).
+    """
+    text = processor.apply_chat_template(
+        list(messages), add_generation_prompt=generation_prompt, tokenize=False
+    )
+    if type(processor).__name__.startswith("Qwen3VL"):
+        text = text.replace(_WRAPPED_VIDEO, "<|video_pad|>")
+    return text
 
 
 @dataclass(frozen=True)
@@ -62,9 +79,7 @@ class ChatRenderer:
         self.frame_factor = int(video.patch_size * video.merge_size)
 
     def _template(self, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.processor.apply_chat_template(
-            list(messages), add_generation_prompt=generation_prompt, tokenize=False
-        )
+        return chat_text(self.processor, messages, generation_prompt)
 
     def encode(self, text: str, clips: Sequence[Frames] = ()) -> Segment:
         """Tokenise `text`, expanding one video placeholder per clip, in order."""

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from paravt.agent.render import chat_text
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
 from paravt.rollout.factory import EngineConfig
 from paravt.rollout.hf import vision_placeholder_ids
@@ -88,7 +89,7 @@ def video_placeholder(processor) -> tuple[str, tuple[int, ...]]:
             ],
         }
     ]
-    text = processor.apply_chat_template(messages, tokenize=False)
+    text = chat_text(processor, messages, generation_prompt=False)
     inner = text[text.index("\x01") + 1 : text.index("\x02")]
     return inner, tuple(processor.tokenizer(inner, add_special_tokens=False)["input_ids"])
 
