@@ -3,7 +3,9 @@
 The checkpoint uses the real transformers classes (model, processor, image and video processors)
 with a tokenizer trained locally on a small synthetic corpus, so tests and the CPU demo exercise the
 same code paths as a real model without downloading anything. It deliberately does not try to be a
-useful language model: weights are random and the vocabulary is a few hundred tokens.
+useful language model: weights are random and the vocabulary is a few hundred tokens, unless
+`tokenizer="qwen"` asks for Qwen's real vocabulary and official chat template
+(`paravt.models.qwen_vocab`, docs/tokenizers.md).
 
 Vision settings follow the real models: patch 16 (Qwen3-VL) or 14 (Qwen2.5-VL), spatial merge 2,
 temporal patch 2. Digits are split into single tokens as in Qwen's tokenizer (PARAVT.md pitfall 10).
