@@ -50,6 +50,20 @@ def tiny_qwen25_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_real_vocab_dir(tmp_path_factory):
+    """The tiny Qwen3-VL with Qwen's real vocabulary and official chat template."""
+    cfg = TinyModelConfig("qwen3_vl", tokenizer="qwen")
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_vl_qwen"), cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen25_real_vocab_dir(tmp_path_factory):
+    """The tiny Qwen2.5-VL with Qwen's real vocabulary and official chat template."""
+    cfg = TinyModelConfig("qwen2_5_vl", tokenizer="qwen")
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_5_vl_qwen"), cfg)
+
+
+@pytest.fixture(scope="session")
 def needle_dir(tmp_path_factory):
     from paravt.video.synthetic import NeedleConfig, generate
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from paravt.models.qwen_vl import clip_metadata
+from paravt.models.qwen_vl import chat_text, clip_metadata
 from paravt.types import Frames, Visual
 
 _PLACEHOLDER = "\u0000PARAVT_ASSISTANT_TURN\u0000"
@@ -44,9 +44,7 @@ class ChatRenderer:
         self.frame_factor = int(video.patch_size * video.merge_size)
 
     def _template(self, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.processor.apply_chat_template(
-            list(messages), add_generation_prompt=generation_prompt, tokenize=False
-        )
+        return chat_text(self.processor, messages, generation_prompt)
 
     def encode(self, text: str, clips: Sequence[Frames] = ()) -> Segment:
         """Tokenise `text`, expanding one video placeholder per clip, in order."""

