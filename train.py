@@ -28,6 +28,27 @@ def check_inputs(cfg: DictConfig) -> None:
         check_data_path(data.train_path, bool(gen), gen.get("out_dir") if gen else None)
 
 
+def export_policy(cfg: DictConfig, run) -> None:
+    """The HF export and, beside it, the agent protocol it was trained with (evaluate.py uses it:
+    `paravt.eval.trained_protocol`)."""
+    from omegaconf import OmegaConf
+
+    from paravt.eval.trained_protocol import protocol_of_training, write_protocol
+
+    run.module.export_hf(f"{cfg.run_dir}/hf")
+    if run.trainer.is_global_zero:
+        budgets = OmegaConf.select(cfg, "callbacks.frame_budget")
+        plain = {  # resolved against the whole config
+            "name": cfg.name,
+            "rollout": OmegaConf.to_container(cfg.rollout, resolve=True),
+            "data": OmegaConf.to_container(cfg.data, resolve=True),
+            "callbacks": {"frame_budget": OmegaConf.to_container(budgets, resolve=True)}
+            if budgets is not None
+            else {},
+        }
+        write_protocol(f"{cfg.run_dir}/hf", protocol_of_training(plain))
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     started = time.perf_counter()
@@ -48,7 +69,7 @@ def main(cfg: DictConfig) -> float | None:
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
         fit_seconds = time.perf_counter() - fit_started
         if cfg.export_hf:
-            run.module.export_hf(f"{cfg.run_dir}/hf")
+            export_policy(cfg, run)
         value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
         if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
             print(summary(cfg, run, fit_seconds, time.perf_counter() - started))
