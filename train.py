@@ -16,6 +16,9 @@ import hydra
 from omegaconf import DictConfig
 
 from paravt.errors import check_data_path, check_model_path, exit_on_user_error
+from paravt.run_dirs import register as register_run_dirs
+
+register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... when taken
 
 
 def check_inputs(cfg: DictConfig) -> None:
@@ -49,6 +52,25 @@ def export_policy(cfg: DictConfig, run) -> None:
         write_protocol(f"{cfg.run_dir}/hf", protocol_of_training(plain))
 
 
+def announce_run_dir(cfg: DictConfig) -> None:
+    """Say where this run writes when it is not runs/NAME, and what a resume continues."""
+    import logging
+    import re
+    from pathlib import Path
+
+    from paravt.run_dirs import shown
+
+    log, folder = logging.getLogger("train"), Path(shown(cfg.run_dir))
+    if cfg.get("ckpt_path"):
+        log.info(
+            "resuming in %s: the prompt order and the optimizer continue exactly where the "
+            "checkpoint stopped (the data module's position is saved in it)",
+            folder,
+        )
+    elif re.fullmatch(rf"{re.escape(str(cfg.name))}-\d+", folder.name):
+        log.info("runs/%s holds an earlier run; this run writes to %s", cfg.name, folder)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     started = time.perf_counter()
@@ -58,6 +80,7 @@ def main(cfg: DictConfig) -> float | None:
         from paravt.sweep import optimized_metric
 
         route_lightning_logs()
+        announce_run_dir(cfg)
         if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
             from paravt.modules.build_sft import run_sft
 

@@ -151,12 +151,13 @@ def _curve_lines(cfg: DictConfig) -> list[str]:
     from pathlib import Path
 
     from paravt.modules.curves import write_curves
+    from paravt.run_dirs import shown
 
     tb = Path(str(cfg.run_dir)) / "tb"
     if not tb.exists():
         return []
     paths = write_curves(tb, Path(str(cfg.run_dir)) / "curves")
-    return [f"curves: {', '.join(str(p) for p in paths)}"]
+    return [f"curves: {', '.join(shown(p) for p in paths)}"]
 
 
 def _skip_lines(datamodule, logged=None) -> list[str]:
@@ -194,6 +195,8 @@ def summary(
 ) -> str:
     """A plain-text report of the run: cold start, held-out evaluations, training rewards, and
     the wall time of `Trainer.fit` (RL with its held-out evaluations) and of the whole run."""
+    from paravt.run_dirs import shown
+
     lines = [f"== paravt run '{cfg.name}' ({run.trainer.global_step} RL steps) =="]
     if cfg.get("ckpt_path"):
         step = getattr(run.module, "resumed_step", None)
@@ -227,5 +230,6 @@ def summary(
             f"included){total}"
         )
     lines += _curve_lines(cfg)
-    lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
+    folder = shown(cfg.run_dir)
+    lines.append(f"logs: {folder}/tb   checkpoints: {folder}/checkpoints")
     return "\n".join(lines)
