@@ -76,7 +76,7 @@ def main(cfg: DictConfig) -> float | None:
     started = time.perf_counter()
     with exit_on_user_error():
         from callbacks.progress import route_lightning_logs
-        from paravt.modules.build import build_run, maybe_cold_start, summary
+        from paravt.modules.build import build_run, maybe_cold_start, metric_line, summary
         from paravt.sweep import optimized_metric
 
         route_lightning_logs()
@@ -96,7 +96,7 @@ def main(cfg: DictConfig) -> float | None:
         value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
         if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
             print(summary(cfg, run, fit_seconds, time.perf_counter() - started))
-            print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
+            print(metric_line(cfg, value, run))
         return value
 
 

@@ -128,6 +128,23 @@ def _cold_start_lines(module) -> list[str]:
     return lines
 
 
+def _count(n: int, noun: str) -> str:
+    """`1 step`, `5 steps`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def metric_line(cfg: DictConfig, value: float | None, run: Run) -> str:
+    """`optimized_metric NAME = V` and, for the held-out default, which figure of the summary
+    it is (the step table's last row, at one frame budget; not the all-budget headline)."""
+    name = cfg.get("optimized_metric")
+    line = f"optimized_metric {name} = {value}"
+    for cb in run.trainer.callbacks:
+        if getattr(cb, "history", None) and name and name.startswith(f"val/{cb.name}/"):
+            k = run.datamodule.rollout.default_budget
+            line += f" (held-out '{cb.name}' at K={k}, the step table's last row)"
+    return line
+
+
 def _before_after_lines(module, agent) -> list[str]:
     """Per-budget held-out table: after the cold start vs now (the same samples, greedy)."""
     before = getattr(module, "budget_before", None)
@@ -206,7 +223,11 @@ def summary(
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
-            lines.append(f"held-out '{cb.name}' ({len(cb.samples or ())} samples, greedy):")
+            k = run.datamodule.rollout.default_budget  # DataModule.evaluate's frame budget
+            lines.append(
+                f"held-out '{cb.name}' during training ({len(cb.samples or ())} samples, greedy, "
+                f"K={k} overview frames: rollout.default_budget):"
+            )
             lines.append("  step  accuracy  f_tau  kappa")
             for step, m in history:
                 p = f"val/{cb.name}"
@@ -218,7 +239,9 @@ def summary(
     if rewards:
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-        lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
+        lines.append(
+            f"train reward (mean of {_count(k, 'step')}): first {first:.3f}, last {last:.3f}"
+        )
     lines += _before_after_lines(run.module, run.datamodule.agent)
     lines += _skip_lines(run.datamodule, run.trainer.callback_metrics)
     if fit_seconds is not None:

@@ -47,7 +47,8 @@ def sft_summary(cfg: DictConfig, run: Run) -> str:
     if losses:
         k = max(1, min(5, len(losses) // 2))
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        lines.append(f"SFT loss (mean of {k} micro-batches): first {first:.3f}, last {last:.3f}")
+        batches = f"{k} micro-batch" if k == 1 else f"{k} micro-batches"
+        lines.append(f"SFT loss (mean of {batches}): first {first:.3f}, last {last:.3f}")
     skipped = getattr(run.datamodule, "skipped", [])
     lines.append(f"rows skipped at load: {len(skipped)}")
     folder = shown(cfg.run_dir)
