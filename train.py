@@ -22,7 +22,13 @@ register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... 
 
 
 def check_inputs(cfg: DictConfig) -> None:
-    """Fail on a missing model or data path before anything is built or generated."""
+    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses), or on
+    a missing model or data path, before anything is built, generated or logged."""
+    from hydra.utils import instantiate
+
+    for group in ("model", "rollout", "algorithm", "reward"):
+        if cfg.get(group) is not None and "_target_" in cfg[group]:
+            instantiate(cfg[group])
     model, data = cfg.get("model") or {}, cfg.get("data") or {}
     if "path" in model:
         check_model_path(model.path, model.get("build_tiny"), model.get("tiny_dir"))
