@@ -46,14 +46,16 @@ def export_policy(cfg: DictConfig, run) -> None:
 
     run.module.export_hf(f"{cfg.run_dir}/hf")
     if run.trainer.is_global_zero:
-        budgets = OmegaConf.select(cfg, "callbacks.frame_budget")
-        plain = {  # resolved against the whole config
+        callbacks = {  # resolved against the whole config
+            k: OmegaConf.to_container(cfg.callbacks[k], resolve=True)
+            for k in ("frame_budget", "benchmark_validation")
+            if OmegaConf.select(cfg, f"callbacks.{k}") is not None
+        }
+        plain = {
             "name": cfg.name,
             "rollout": OmegaConf.to_container(cfg.rollout, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
-            "callbacks": {"frame_budget": OmegaConf.to_container(budgets, resolve=True)}
-            if budgets is not None
-            else {},
+            "callbacks": callbacks,
         }
         write_protocol(f"{cfg.run_dir}/hf", protocol_of_training(plain))
 

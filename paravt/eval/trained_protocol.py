@@ -48,14 +48,23 @@ def protocol_of_training(cfg: Mapping[str, Any]) -> dict[str, Any]:
     budget_cb = (cfg.get("callbacks") or {}).get("frame_budget") or {}
     budgets = [int(b) for b in budget_cb.get("budgets") or [rollout["default_budget"]]]
     settings["protocol.num_frames"] = max(budgets)  # the largest budget trained on
-    data = cfg.get("data") or {}
     return {
         "written_by": "paravt train.py",
         "run": cfg.get("name"),
         "frame_budgets": budgets,
         "settings": settings,
-        "needle_annotations": data.get("eval_path") if data.get("generate") else None,
+        "needle_annotations": _needle_split(cfg),
     }
+
+
+def _needle_split(cfg: Mapping[str, Any]) -> str | None:
+    """The needle file the run validated on (BenchmarkValidation 'needle'), else the generated
+    needle data's eval split, else None."""
+    validation = (cfg.get("callbacks") or {}).get("benchmark_validation") or {}
+    if validation.get("name") == "needle" and validation.get("samples_path"):
+        return str(validation["samples_path"])
+    data = cfg.get("data") or {}
+    return data.get("eval_path") if data.get("generate") else None
 
 
 def write_protocol(export_dir: str | Path, record: Mapping[str, Any]) -> Path:

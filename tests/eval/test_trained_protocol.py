@@ -38,7 +38,10 @@ def _demo_record(tmp_path) -> dict:
         "name": cfg.name,
         "rollout": OmegaConf.to_container(cfg.rollout, resolve=True),
         "data": OmegaConf.to_container(cfg.data, resolve=True),
-        "callbacks": {"frame_budget": OmegaConf.to_container(cfg.callbacks.frame_budget)},
+        "callbacks": {
+            k: OmegaConf.to_container(cfg.callbacks[k], resolve=True)
+            for k in ("frame_budget", "benchmark_validation")
+        },
     }
     return protocol_of_training(plain)
 
@@ -97,7 +100,8 @@ def test_evaluate_on_an_exported_policy_uses_the_protocol_it_trained_with(
         "rollout.agent.max_new_tokens=8",
         "rollout.crop.max_frames=6",
         "callbacks.frame_budget.budgets=[2,4]",
-        "callbacks.benchmark_validation=null",
+        "callbacks.benchmark_validation.limit=1",
+        "callbacks.benchmark_validation.every_n_steps=2",
     )
     assert train.returncode == 0, train.stderr[-3000:]
     assert (tmp_path / "runs" / "tiny" / "hf" / FILE_NAME).exists()
