@@ -93,13 +93,18 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
             "then model.path=runs/sft_coldstart/hf)"
         )
     from paravt.modules.coldstart import cold_start
+    from paravt.modules.coldstart_cache import cached_cold_start
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
     dm = run.datamodule
     agent = dm.connect(run.module)
-    losses = cold_start(
-        run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+    losses = cached_cold_start(  # a sweep's jobs share one identical cold start
+        cfg,
+        run.module,
+        lambda: cold_start(
+            run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+        ),
     )
     run.module.cold_start_losses = losses
     # An engine with its own weights (vLLM, or a stale-allowed copy) must see the new policy.
