@@ -71,9 +71,10 @@ def use_trained_protocol(cfg: DictConfig, overrides: list[str]) -> str:
     applied, kept = trained_settings(
         record, cfg.mode.name, cfg.benchmark.name, override_keys(overrides)
     )
-    for key, value in applied.items():
+    changed = {k: v for k, v in applied.items() if OmegaConf.select(cfg, k) != v}
+    for key, value in changed.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    return describe(cfg.model.path, applied, kept)
+    return describe(cfg.model.path, changed, kept)
 
 
 def protocol_of(cfg: DictConfig) -> EvalConfig:
@@ -165,7 +166,13 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
 def main(cfg: DictConfig) -> dict[str, float]:
     from hydra.core.hydra_config import HydraConfig
 
+    from paravt.progress import is_tty
     from paravt.video.reader import VideoError
+
+    if not is_tty(sys.stderr):  # transformers' loading bars would put `\r` into log files
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
     try:
         return evaluate(cfg, list(HydraConfig.get().overrides.task))

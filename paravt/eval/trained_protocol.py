@@ -114,6 +114,7 @@ def describe(model_path: str, applied: Mapping[str, Any], kept: Sequence[str]) -
     shown = " ".join(f"{k}={v}" for k, v in applied.items())
     tail = f"; from the command line: {', '.join(kept)}" if kept else ""
     return (
-        f"protocol: the one {model_path} was trained with ({FILE_NAME}: {shown}){tail}; "
-        "trained_protocol=false uses conf/eval.yaml's"
+        f"protocol: the one {model_path} was trained with ({FILE_NAME}; differs from "
+        f"conf/eval.yaml in: {shown or 'nothing'}){tail}; trained_protocol=false uses "
+        "conf/eval.yaml's"
     )
