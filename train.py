@@ -21,14 +21,20 @@ from paravt.run_dirs import register as register_run_dirs
 register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... when taken
 
 
-def check_inputs(cfg: DictConfig) -> None:
-    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses), or on
-    a missing model or data path, before anything is built, generated or logged."""
+def check_config(cfg: DictConfig) -> None:
+    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses) before
+    anything is built or logged (both stages)."""
     from hydra.utils import instantiate
 
     for group in ("model", "rollout", "algorithm", "reward"):
         if cfg.get(group) is not None and "_target_" in cfg[group]:
             instantiate(cfg[group])
+
+
+def check_inputs(cfg: DictConfig) -> None:
+    """Fail on a misspelt key of the light groups, or on a missing model or data path, before
+    anything is built, generated or logged."""
+    check_config(cfg)
     model, data = cfg.get("model") or {}, cfg.get("data") or {}
     if "path" in model:
         check_model_path(model.path, model.get("build_tiny"), model.get("tiny_dir"))
@@ -87,6 +93,7 @@ def main(cfg: DictConfig) -> float | None:
         from paravt.modules.build import build_run, maybe_cold_start, metric_line, summary
         from paravt.sweep import optimized_metric
 
+        check_config(cfg)
         route_lightning_logs()
         announce_run_dir(cfg)
         if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
