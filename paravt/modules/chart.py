@@ -29,13 +29,15 @@ def _font():
         return ImageFont.load_default()
 
 
-def nice_ticks(lo: float, hi: float, max_ticks: int = 6) -> list[float]:
-    """Ticks k * s within [lo, hi], s in {1, 2, 5} x 10^n, at most `max_ticks` + 1 of them."""
+def nice_ticks(lo: float, hi: float, max_ticks: int = 6, integer: bool = False) -> list[float]:
+    """Ticks k * s within [lo, hi], s in {1, 2, 5} x 10^n (>= 1 when `integer`: steps), at most
+    `max_ticks` + 1 of them."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         raise ValueError(f"need a finite range lo < hi, got [{lo!r}, {hi!r}]")
     raw = (hi - lo) / max_ticks
     base = 10 ** math.floor(math.log10(raw))
     step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
+    step = max(step, 1) if integer else step
     first = math.ceil(lo / step - 1e-9)
     last = math.floor(hi / step + 1e-9)
     return [round(k * step, 10) for k in range(first, last + 1)]
@@ -107,7 +109,7 @@ def line_chart(
         text = _label(value)
         w = draw.textlength(text, font=font)
         draw.text((LEFT - 8 - w, py - LINE // 2), text, fill=INK, font=font)
-    for value in nice_ticks(x0, x1, 8):
+    for value in nice_ticks(x0, x1, 8, integer=x_label == "step"):
         px, _ = at(value, y0)
         draw.line([(px, bottom), (px, bottom + 4)], fill=INK)
         text = _label(value)

@@ -132,7 +132,8 @@ def teacher_summary(
         shares = ", ".join(f"{n} {names.count(n) / len(names):.0%}" for n in sorted(set(names)))
         parts.append(f"K={k}: {shares}")
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
-    lead = f"{cfg.oracle_steps} oracle-crop steps, then " if cfg.oracle_steps else ""
+    steps = "step" if cfg.oracle_steps == 1 else "steps"
+    lead = f"{cfg.oracle_steps} oracle-crop {steps}, then " if cfg.oracle_steps else ""
     return (
         f"cold start teacher ({len(trajs)} trajectories, {calls:.2f} crops each; {lead}"
         f"{'; '.join(parts)})"

@@ -67,6 +67,7 @@ def test_charts_have_ticks_span_the_run_and_keep_overlapping_series_visible(tmp_
 
     assert nice_ticks(0, 40, 8) == [0, 5, 10, 15, 20, 25, 30, 35, 40]
     assert nice_ticks(0.46, 1.04) == [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    assert nice_ticks(0, 2, 8, integer=True) == [0, 1, 2]  # no step 0.5
     writer = SummaryWriter(str(tmp_path / "tb"))
     for step in range(41):
         writer.add_scalar("reward/mean", 0.1 * step, step)
