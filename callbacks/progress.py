@@ -47,6 +47,10 @@ def route_lightning_logs() -> None:
             logger.addFilter(_DropAdvert())
     # Lightning's own use of a deprecated torch API: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # On resume Lightning warns that the dataloader "is not resumable": it checks for a stateful
+    # loader, but paravt's data modules save their position in the checkpoint and a resumed run
+    # continues the same batches (train.py says so instead; tests/modules/test_run_folders.py).
+    warnings.filterwarnings("ignore", message=r".*your dataloader is\s+not resumable.*")
     if not is_tty(sys.stderr):  # transformers' per-file bars are noise in a log file
         from transformers.utils import logging as hf_logging
 

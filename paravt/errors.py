@@ -97,7 +97,8 @@ def check_model_path(path: str, build_tiny: str | None, tiny_dir: str | None) ->
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Turn a user's mistake into one line on stderr and exit code 2 (HYDRA_FULL_ERROR=1: raise).
+    """Turn a user's mistake into one line on stderr and exit code 2 (HYDRA_FULL_ERROR=1: the
+    traceback first, the same line and exit code after it).
 
     Catches `UserError` and Hydra's instantiation errors (a misspelt key under a `_target_`);
     anything else is a bug and keeps its traceback.
@@ -106,8 +107,12 @@ def exit_on_user_error() -> Iterator[None]:
         yield
     except Exception as error:
         message = user_message(error)
-        if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if message is None:
             raise
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the traceback, and still exit code 2
+            import traceback
+
+            traceback.print_exc()
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 

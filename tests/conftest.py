@@ -1,7 +1,9 @@
-"""Shared fixtures: tiny checkpoints built once per test session (nothing is downloaded)."""
+"""Shared fixtures: tiny checkpoints built once per test session (nothing is downloaded), and a
+guard: a test that writes into the repository's own `runs/` or `artifacts/` fails."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,6 +37,48 @@ def run_script(
 def train_py():
     """`run_script`: the one way the tests start `train.py` / `evaluate.py` as subprocesses."""
     return run_script
+
+
+GUARDED = ("runs", "artifacts")  # what train.py / evaluate.py write by default
+
+
+def _tree_state(depth: int = 3) -> dict[str, int]:
+    """Path -> mtime of every entry of the guarded folders down to `depth` levels (a new file
+    deeper down changes its folder's mtime at some level here)."""
+    state: dict[str, int] = {}
+    for name in GUARDED:
+        top = ROOT / name
+        if not top.exists():
+            continue
+        state[name] = top.stat().st_mtime_ns
+        for folder, dirs, files in os.walk(top):
+            level = len(Path(folder).relative_to(top).parts)
+            if level >= depth:
+                dirs.clear()
+            for entry in (*dirs, *files):
+                path = Path(folder) / entry
+                with contextlib.suppress(FileNotFoundError):
+                    state[str(path.relative_to(ROOT))] = path.lstat().st_mtime_ns
+    return state
+
+
+@pytest.fixture(autouse=True)
+def _writes_nothing_into_the_repository(request):
+    """Tests write under their tmp folders only: pass `hydra.run.dir` / `out_dir` / `cwd`.
+    PARAVT_TEST_ROOT_WRITES=allow turns the check off (a demo running in this checkout)."""
+    if os.environ.get("PARAVT_TEST_ROOT_WRITES") == "allow":
+        yield
+        return
+    before = _tree_state()
+    yield
+    after = _tree_state()
+    changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+    if changed:
+        pytest.fail(
+            f"{request.node.nodeid} wrote into the repository: {changed[:8]}; give the run a "
+            "tmp folder (hydra.run.dir=..., out_dir=..., or cwd=tmp_path)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

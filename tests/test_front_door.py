@@ -21,7 +21,7 @@ def train(
     train_py, cwd: Path, *overrides: str, full_error: bool = False
 ) -> subprocess.CompletedProcess:
     env = {"HYDRA_FULL_ERROR": "1"} if full_error else None
-    return train_py(f"hydra.run.dir={cwd / 'run'}", *overrides, cwd=cwd, timeout=120, env=env)
+    return train_py(f"hydra.run.dir={cwd / 'run'}", *overrides, cwd=cwd, timeout=300, env=env)
 
 
 def created(cwd: Path) -> list[str]:
@@ -55,12 +55,14 @@ def test_a_misspelt_key_under_a_target_is_one_line(train_py, tmp_path):
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "pathh" in line and "--cfg job" in line
     assert "Traceback" not in result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1  # nothing else
 
 
 def test_hydra_full_error_still_shows_the_traceback(train_py, tmp_path):
     result = train(train_py, tmp_path, f"data.train_path={tmp_path / 'x.jsonl'}", full_error=True)
-    assert result.returncode != 0
+    assert result.returncode == 2  # the same exit code as without it
     assert "Traceback" in result.stderr and "InputPathError" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data.train_path")
 
 
 def test_hydra_config_errors_name_the_key_and_the_experiment(train_py, tmp_path):

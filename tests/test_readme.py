@@ -1,11 +1,13 @@
 """Every command in the README's tables runs as written on the machine its table names.
 
-The tables under "## Commands" and "## Ablations" are parsed: a cell holding `python train.py ...`
-or `python evaluate.py ...` is a command; its machine is the row's `machine` cell or, failing
-that, the column's header ("8 GPUs", "CPU ..."). GPU commands are composed and every part that
-can be built without a GPU is instantiated (model spec, rollout, algorithm, reward, optimizer,
-FSDP strategy). CPU commands are composed as written, pass train.py's pre-flight path check, and
-are then run for one RL step (one cold-start step) on the session's tiny model and needle data.
+The tables under the README's "## Commands" and docs/training.md's "## Ablations" are parsed
+(the commands elsewhere in README and docs: tests/test_doc_commands.py): a cell holding
+`python train.py ...` or `python evaluate.py ...` is a command; its machine is the row's
+`machine` cell or, failing that, the column's header ("8 GPUs", "CPU ..."). GPU commands are
+composed and every part that can be built without a GPU is instantiated (model spec, rollout,
+algorithm, reward, optimizer, FSDP strategy). CPU commands are composed as written, pass
+train.py's pre-flight path check, and are then run for one RL step (one cold-start step) on the
+session's tiny model and needle data.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from omegaconf import OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-TABLE_SECTIONS = ("## Commands", "## Ablations")
+TRAINING = (ROOT / "docs" / "training.md").read_text()
+# (document, table heading): the README's commands table and the ablations table of the docs
+TABLE_SECTIONS = ((README, "## Commands"), (TRAINING, "## Ablations"))
 ENTRY_CONFIG = {"train.py": "train", "evaluate.py": "eval"}
 # Scale a composed CPU config down to one step; only keys the config already has are set.
 ONE_STEP = {
@@ -78,9 +82,9 @@ def _machine(label: str) -> str | None:
     return "gpu" if "gpu" in label else "cpu" if "cpu" in label else None
 
 
-def readme_commands(text: str = README) -> list[Command]:
+def readme_commands() -> list[Command]:
     found = []
-    for heading in TABLE_SECTIONS:
+    for text, heading in TABLE_SECTIONS:
         rows = [line for line in _section(text, heading).splitlines() if line.startswith("|")]
         header = [c.lower() for c in _cells(rows[0])]
         for row in rows[2:]:

@@ -109,24 +109,32 @@ def teacher_rows(
     strategy: str = "search",
     budgets: Sequence[int] = (4, 8),
 ) -> list[dict[str, Any]]:
-    """Rows of the scripted needle teacher driving the real agent loop (real crops)."""
+    """Rows of the scripted needle teacher driving the real agent loop (real crops), in sample
+    order. Samples that share a question text are traced in separate batches
+    (`distinct_question_batches`): the teacher recognises a context by its question."""
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.agent.scripts import needle_teacher
+    from paravt.agent.scripts import distinct_question_batches, needle_teacher
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     renderer = ChatRenderer(processor)
-    engine = ScriptedEngine(processor.tokenizer, needle_teacher(samples, strategy))
     source = VideoReader()
-    loop = AgentLoop(engine, renderer, source, agent, CropConfig())
+    crop = CropConfig()  # AgentLoop takes the factor from the processor
     ks = [budgets[i % len(budgets)] for i in range(len(samples))]
-    trajs = loop.run(samples, ks, 1, SamplingParams(greedy=True))
+    trajs: list[Trajectory | None] = [None] * len(samples)
+    for batch in distinct_question_batches(samples):
+        part = [samples[i] for i in batch]
+        engine = ScriptedEngine(processor.tokenizer, needle_teacher(part, strategy))
+        loop = AgentLoop(engine, renderer, source, agent, crop)
+        traced = loop.run(part, [ks[i] for i in batch], 1, SamplingParams(greedy=True))
+        for i, traj in zip(batch, traced, strict=True):
+            trajs[i] = traj
     return [
         trajectory_row(s, t, source, agent, loop.crop)
         for s, t in zip(samples, trajs, strict=True)
-        if t.finish_reason == "stop" and not t.truncated
+        if t is not None and t.finish_reason == "stop" and not t.truncated
     ]
 
 

@@ -38,8 +38,9 @@ def load_needle(annotations: str, video_root: str = "", limit: int | None = None
     """`EvalItem`s of a needle split; a video absent on disk is kept and flagged missing."""
     if not os.path.isfile(annotations):
         raise FileNotFoundError(
-            f"needle annotations not found: {annotations}; generate them with "
-            "`paravt make-needle-data --out DIR` (or train once) or pass benchmark.annotations"
+            f"needle annotations not found: {annotations}; pass benchmark.annotations=FILE "
+            "(`make demo` writes artifacts/needle_demo/eval.jsonl, "
+            "`paravt make-needle-data --out DIR` writes DIR/eval.jsonl)"
         )
     base_dir = video_root or os.path.dirname(os.path.abspath(annotations))
 

@@ -23,8 +23,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentLoop
 from paravt.eval.adapters import BENCHMARKS, Benchmark, EvalItem
@@ -42,6 +40,7 @@ from paravt.eval.results import (
     read_predictions,
     write_results,
 )
+from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
 from paravt.types import Trajectory
 from paravt.video.reader import VideoError
@@ -169,19 +168,13 @@ def run_benchmark(
     append_predictions(path, missing)
     done.update((r["id"], r) for r in missing)
     runnable = [i for i in todo if not i.video_missing]
-    with tqdm(
-        total=len(items),
-        initial=len(items) - len(runnable),
-        desc=benchmark.name,
-        unit="item",
-        mininterval=1.0,
-    ) as bar:
-        for start in range(0, len(runnable), cfg.batch_size):
-            batch = runnable[start : start + cfg.batch_size]
-            records = _run_batch(benchmark, batch, agent_loop, cfg, fail_fast)
-            append_predictions(path, records)
-            done.update((r["id"], r) for r in records)
-            bar.update(len(batch))
+    # A bar on a terminal, one log line every few batches in a file (no `\r` in logs).
+    desc = f"{benchmark.name}: {len(runnable)} items in batches of {cfg.batch_size}, batch"
+    for start in track(range(0, len(runnable), cfg.batch_size), desc=desc):
+        batch = runnable[start : start + cfg.batch_size]
+        records = _run_batch(benchmark, batch, agent_loop, cfg, fail_fast)
+        append_predictions(path, records)
+        done.update((r["id"], r) for r in records)
     return write_metrics(benchmark, items, done, out_dir, run_id, bad_rows)
 
 

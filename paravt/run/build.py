@@ -13,6 +13,8 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from paravt.run.run_dirs import shown
+
 log = logging.getLogger(__name__)
 
 # Lightning warnings that do not apply to this module's design, silenced by message.
@@ -97,14 +99,21 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
             "then model.path=runs/sft_coldstart/hf)"
         )
     from paravt.run.coldstart import cold_start
+    from paravt.run.coldstart_cache import cached_cold_start
 
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")
     dm = run.datamodule
     agent = dm.connect(run.module)
-    result = cold_start(
-        run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
-    )  # it syncs the engine with the new weights before measuring anything
+    result = cached_cold_start(  # a sweep's jobs share one identical cold start
+        cfg,
+        run.module,
+        lambda: cold_start(
+            run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+        ),  # it syncs the engine with the new weights before measuring anything
+    )
+    if result.cached:  # an engine with its own weights (vLLM, a stale-allowed copy) needs them
+        dm.engine.sync_weights(run.module.policy, run.module.policy_version)
     return replace(run, cold_start=result)
 
 
@@ -124,6 +133,23 @@ def _cold_start_lines(result) -> list[str]:
             )
     lines.append(f"wall time: cold start {result.seconds:.0f} s")
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    """`1 step`, `5 steps`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def metric_line(cfg: DictConfig, value: float | None, run: Run) -> str:
+    """`optimized_metric NAME = V` and, for the held-out default, which figure of the summary
+    it is (the step table's last row, at one frame budget; not the all-budget headline)."""
+    name = cfg.get("optimized_metric")
+    line = f"optimized_metric {name} = {value}"
+    for cb in run.trainer.callbacks:
+        if getattr(cb, "history", None) and name and name.startswith(f"val/{cb.name}/"):
+            k = run.datamodule.rollout.default_budget
+            line += f" (held-out '{cb.name}' at K={k}, the step table's last row)"
+    return line
 
 
 def _before_after_lines(module, agent, cold) -> list[str]:
@@ -155,7 +181,7 @@ def _curve_lines(cfg: DictConfig) -> list[str]:
     if not tb.exists():
         return []
     paths = write_curves(tb, Path(str(cfg.run_dir)) / "curves")
-    return [f"curves: {', '.join(str(p) for p in paths)}"]
+    return [f"curves: {', '.join(shown(p) for p in paths)}"]
 
 
 def _skip_lines(datamodule, logged=None) -> list[str]:
@@ -204,7 +230,11 @@ def summary(
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
-            lines.append(f"held-out '{cb.name}' ({len(cb.samples or ())} samples, greedy):")
+            k = run.datamodule.rollout.default_budget  # DataModule.evaluate's frame budget
+            lines.append(
+                f"held-out '{cb.name}' during training ({len(cb.samples or ())} samples, greedy, "
+                f"K={k} overview frames: rollout.default_budget):"
+            )
             lines.append("  step  accuracy  f_tau  kappa")
             for step, m in history:
                 p = f"val/{cb.name}"
@@ -216,7 +246,9 @@ def summary(
     if rewards:
         k = max(1, min(5, len(rewards) // 2))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-        lines.append(f"train reward (mean of {k} steps): first {first:.3f}, last {last:.3f}")
+        lines.append(
+            f"train reward (mean of {_count(k, 'step')}): first {first:.3f}, last {last:.3f}"
+        )
     lines += _before_after_lines(run.module, run.datamodule.agent, run.cold_start)
     lines += _skip_lines(run.datamodule, run.trainer.callback_metrics)
     if fit_seconds is not None:
@@ -228,5 +260,6 @@ def summary(
             f"included){total}"
         )
     lines += _curve_lines(cfg)
-    lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
+    folder = shown(cfg.run_dir)
+    lines.append(f"logs: {folder}/tb   checkpoints: {folder}/checkpoints")
     return "\n".join(lines)

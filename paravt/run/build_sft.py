@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from paravt.run.build import Run, build_callbacks, shards_model
+from paravt.run.run_dirs import shown
 
 
 def build_sft_module(cfg: DictConfig, init_on_meta: bool = False):
@@ -46,12 +47,17 @@ def sft_summary(cfg: DictConfig, run: Run) -> str:
     if losses:
         k = max(1, min(5, len(losses) // 2))
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        lines.append(f"SFT loss (mean of {k} micro-batches): first {first:.3f}, last {last:.3f}")
+        batches = f"{k} micro-batch" if k == 1 else f"{k} micro-batches"
+        lines.append(f"SFT loss (mean of {batches}): first {first:.3f}, last {last:.3f}")
     skipped = getattr(run.datamodule, "skipped", [])
     lines.append(f"rows skipped at load: {len(skipped)}")
+    folder = shown(cfg.run_dir)
     if cfg.export_hf:
-        lines.append(f"HF checkpoint: {cfg.run_dir}/hf  (RL: python train.py model.path=...)")
-    lines.append(f"logs: {cfg.run_dir}/tb   checkpoints: {cfg.run_dir}/checkpoints")
+        lines.append(
+            f"HF checkpoint: {folder}/hf  (RL from it: python train.py model.path={folder}/hf "
+            "model.build_tiny=null cold_start=null)"
+        )
+    lines.append(f"logs: {folder}/tb   checkpoints: {folder}/checkpoints")
     return "\n".join(lines)
 
 

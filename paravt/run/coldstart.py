@@ -93,7 +93,7 @@ def mixed_plan(
 
 
 def teacher_trajectories(
-    agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig
+    agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig, purpose: str = "train"
 ) -> list[Trajectory]:
     """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`,
     strategies drawn from `cfg.teacher_mix` per budget.
@@ -108,7 +108,7 @@ def teacher_trajectories(
         for group in distinct_question_batches(samples)
         for i in range(0, len(group), TRACE_BATCH)
     ]
-    desc = f"cold start: teacher tracing of {len(samples)} prompts, batch"
+    desc = f"cold start: teacher trajectories ({purpose}) for {len(samples)} prompts, batch"
     for batch in track(batches, desc=desc):
         part = [samples[i] for i in batch]
         per_turn = agent.crop.max_calls_per_turn  # the loop's cap: 1 is sequential dispatch
@@ -133,7 +133,8 @@ def teacher_summary(
         shares = ", ".join(f"{n} {names.count(n) / len(names):.0%}" for n in sorted(set(names)))
         parts.append(f"K={k}: {shares}")
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
-    lead = f"{cfg.oracle_steps} oracle-crop steps, then " if cfg.oracle_steps else ""
+    steps = "step" if cfg.oracle_steps == 1 else "steps"
+    lead = f"{cfg.oracle_steps} oracle-crop {steps}, then " if cfg.oracle_steps else ""
     return (
         f"cold start teacher ({len(trajs)} trajectories, {calls:.2f} crops each; {lead}"
         f"{'; '.join(parts)})"
@@ -237,6 +238,7 @@ class ColdStartResult:
     report_budgets: tuple[int, ...] = ()
     budget_before: tuple[BudgetResult, ...] = ()
     report_seconds: float = 0.0
+    cached: bool = False  # loaded from an earlier job of its sweep (paravt.run.coldstart_cache)
 
 
 def cold_start(
@@ -255,10 +257,13 @@ def cold_start(
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
     notes = (teacher_summary(samples, cfg, trajs),)
     reading = replace(cfg, teacher_mix={})  # held-out: how well the crops are read
-    eval_trajs = teacher_trajectories(agent, list(held_out)[: cfg.eval_limit], reading)
+    # Two more passes: the held-out answer-token report, and the oracle-crop steps' data.
+    held = list(held_out)[: cfg.eval_limit]
+    eval_trajs = teacher_trajectories(agent, held, reading, "held-out report")
     first = []
     if cfg.oracle_steps:
-        first = teacher_trajectories(agent, samples, replace(reading, strategy="oracle"))
+        oracle = replace(reading, strategy="oracle")
+        first = teacher_trajectories(agent, samples, oracle, f"first {cfg.oracle_steps} steps")
     sft = sft_stage(module.policy, module.processor, cfg)
     with _vision_trainable(module.policy, cfg.train_vision):
         report = fit(sft, trajs, cfg, eval_trajs, first)

@@ -29,6 +29,25 @@ def test_track_logs_counts_when_not_on_a_terminal(caplog):
     assert [line.split(" |")[0] for line in lines] == ["teacher 2/4", "teacher 4/4"]
 
 
+def test_track_keeps_one_unit_and_a_smoothed_rate_when_the_speed_changes(caplog):
+    """Items at ~0.02 s then ~0.4 s each: the unit chosen at the first line (it/s) stays, and the
+    rate follows the recent intervals (an EMA), not the run's first speed."""
+    import time
+
+    def items():
+        for i in range(12):
+            time.sleep(0.02 if i < 4 else 0.4)
+            yield i
+
+    with caplog.at_level(logging.INFO, logger="paravt.progress"):
+        assert list(track(items(), total=12, desc="steps", every=4)) == list(range(12))
+    lines = [r.getMessage() for r in caplog.records]
+    rates = [float(line.split(" | ")[1].split()[0]) for line in lines]
+    assert all(line.split(" | ")[1].endswith("it/s") for line in lines), lines
+    assert rates[0] > 10 and rates[-1] < 5, rates  # the slowdown shows, in the same unit
+    assert lines[-1].endswith("ETA 0:00")
+
+
 class _Tiny(pl.LightningModule):
     def __init__(self):
         super().__init__()

@@ -28,6 +28,6 @@ def test_teacher_tracing_reports_progress_per_batch(
     assert [t.sample_id for t in trajs] == [s.id for s in needle_samples]
     assert all(t.num_valid_calls >= 1 for t in trajs)  # real teacher turns with real crops
     lines = [r.getMessage() for r in caplog.records if r.name == "paravt.progress"]
-    desc = "cold start: teacher tracing of 4 prompts, batch"
+    desc = "cold start: teacher trajectories (train) for 4 prompts, batch"
     assert [line.split(" | ")[0] for line in lines] == [f"{desc} 1/2", f"{desc} 2/2"]
     assert all(("s/it" in line or "it/s" in line) and "ETA" in line for line in lines), lines

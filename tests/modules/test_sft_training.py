@@ -127,9 +127,11 @@ def test_demo_sft_cli_trains_exports_and_rl_continues(
 ):
     sft_dir = tmp_path / "sft"
     overrides = sft_overrides(sft_dir, tiny_qwen3_dir, sft_file, 3, "scheduler.warmup_ratio=0.5")
-    out = train_py(*overrides)
+    out = train_py(*overrides, f"hydra.run.dir={sft_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "paravt SFT run 'demo_sft' (3 optimiser steps)" in out.stdout
+    log = (sft_dir / "train.log").read_text()
+    assert "SFT step 3/3" in log and "RL step" not in log, log
     assert (sft_dir / "hf" / "config.json").exists()
     acc = EventAccumulator(str(sft_dir / "tb"))
     acc.Reload()
@@ -143,6 +145,7 @@ def test_demo_sft_cli_trains_exports_and_rl_continues(
         f"model.path={sft_dir / 'hf'}",
         "model.build_tiny=null",
         f"run_dir={tmp_path / 'rl'}",
+        f"hydra.run.dir={tmp_path / 'rl'}",
         "cold_start=null",
         f"data.train_path={needle_dir / 'train.jsonl'}",
         f"data.eval_path={needle_dir / 'eval.jsonl'}",

@@ -74,6 +74,7 @@ def test_evaluate_with_vllm_equals_the_transformers_engine(
                 "model.build_tiny=null",
                 f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
                 f"out_dir={out}",
+                f"hydra.run.dir={tmp_path / 'hydra' / engine}",
                 "device=cpu",
                 "protocol.num_frames=4",
                 "rollout.agent.max_rounds=2",

@@ -1,0 +1,189 @@
+"""Every command README.md and docs/*.md show runs as written, wherever it stands.
+
+Commands are found in code blocks and inline code: `python train.py ...`, `python evaluate.py
+...`, `paravt <tool> ...` (a `$ ` prompt and a trailing `# comment` are dropped; an inline span may
+wrap over lines). Shell set-up lines (pip, git, tensorboard) are not commands of paravt and are
+not run. What each kind gets:
+
+- every `train.py` / `evaluate.py` command composes with its overrides as written (a sweep at its
+  first values; placeholders DIR / FILE stay strings) and its light groups instantiate;
+- GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) stop there;
+- the error examples of docs/errors.md are run and must print what the page shows
+  (`test_the_error_examples_print_what_docs_errors_md_shows`);
+- the CPU chain of the SFT section and the evaluation row run for real, as written plus step
+  and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
+  like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`). The CPU training
+  commands of the tables run for one step in tests/test_readme.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMAND = re.compile(r"^(?:python (?:train|evaluate)\.py|paravt [a-z-]+)(?:\s|$)")
+ENTRY = {"train.py": "train", "evaluate.py": "eval"}
+
+
+def _candidates(text: str) -> list[str]:
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            found.append(line.strip().removeprefix("$ ").split("  #")[0].split(" # ")[0])
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    found += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
+    return [c.strip() for c in found if COMMAND.match(c.strip())]
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command of README.md and docs/*.md, each once."""
+    seen, out = set(), []
+    for page in PAGES:
+        for command in _candidates(page.read_text()):
+            pattern = re.search(r"\.\.\.|\[|NAME", command)  # `...`, `[--opt]`, NAME
+            if command.endswith("\\") or command in seen or pattern:
+                continue  # a wrapped block line, or a pattern, not a command
+            seen.add(command)
+            out.append((page.name, command))
+    return out
+
+
+COMMANDS = doc_commands()
+ERRORS = {c for p, c in COMMANDS if p == "errors.md"}
+
+
+def is_gpu(command: str) -> bool:
+    return bool(re.search(r"/models/|/data/|trainer\.devices=8|model=qwen", command))
+
+
+def _overrides(command: str) -> list[str]:
+    args = [a for a in shlex.split(command)[2:] if a not in ("-m", "--multirun")]
+    out = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        out.append(f"{key}={value.split(',')[0]}" if "," in value and "[" not in value else arg)
+    return out
+
+
+HYDRA = [c for _, c in COMMANDS if c.split()[1] in ENTRY and c not in ERRORS]
+
+
+def test_the_docs_show_commands_of_every_kind():
+    assert len(HYDRA) >= 20, HYDRA
+    assert any(is_gpu(c) for c in HYDRA) and any(not is_gpu(c) for c in HYDRA)
+    assert {
+        "python train.py experiment=demo_sft",
+        "paravt make-sft-data --needle "
+        "artifacts/needle/train.jsonl --model artifacts/tiny_qwen3_vl --out sft.jsonl",
+    } <= {c for _, c in COMMANDS}
+
+
+@pytest.mark.parametrize("command", HYDRA, ids=lambda c: c[:80])
+def test_each_command_composes_and_its_light_groups_instantiate(command, tmp_path):
+    name = ENTRY[command.split()[1]]
+    extra = [f"run_dir={tmp_path}"] if name == "train" else []
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(name, overrides=[*_overrides(command), *extra])
+    assert instantiate(cfg.model).path == cfg.model.path
+    for group in ("rollout", "algorithm", "reward"):
+        if group in cfg and "_target_" in cfg[group]:
+            assert instantiate(cfg[group]) is not None, group
+    if name == "train" and cfg.get("stage", "rl") == "rl":
+        assert cfg.trainer.accelerator == ("gpu" if is_gpu(command) else "cpu"), command
+
+
+def test_every_paravt_tool_shown_exists():
+    from paravt.cli import main
+
+    tools = {c.split()[1] for _, c in COMMANDS if c.startswith("paravt ")} - {"--help"}
+    assert tools >= {"make-sft-data", "make-tiny-model", "make-needle-data", "rollout"}
+    for tool in tools:  # argparse exits 0 after the help, or the tool returns 0
+        try:
+            code = main([tool, "--help"])
+        except SystemExit as done:
+            code = done.code
+        assert code == 0, tool
+
+
+def _shown_errors() -> list[tuple[str, list[str], int]]:
+    """(command, the output lines shown, the exit code shown) of docs/errors.md's first block."""
+    text = (ROOT / "docs" / "errors.md").read_text()
+    block = re.search(r"```\n(\$ .*?)```", text, re.S).group(1)
+    out = []
+    for part in re.split(r"^\$ ", block, flags=re.M)[1:]:
+        lines = part.rstrip("\n").splitlines()
+        code = int(re.fullmatch(r"\(exit (\d+)\)", lines[-1]).group(1))
+        out.append((lines[0], [x for x in lines[1:-1] if x != "..."], code))
+    return out
+
+
+def _run(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    argv = shlex.split(command)
+    if argv[0] == "python":
+        argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
+    else:
+        argv = [sys.executable, "-m", "paravt.cli", *argv[1:]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_error_examples_print_what_docs_errors_md_shows(tmp_path):
+    """Each shown line appears in the real output, in order, with the shown exit code; on a
+    mismatch the message holds the real output to paste into the page."""
+    for command, shown, code in _shown_errors():
+        result = _run(command, tmp_path, timeout=300)
+        real = (result.stdout + result.stderr).splitlines()
+        regenerated = "\n".join([f"$ {command}", *real, f"(exit {result.returncode})"])
+        assert result.returncode == code, regenerated
+        position = 0
+        for line in shown:
+            assert line in real[position:], f"docs/errors.md drifted; real output:\n{regenerated}"
+            position = real.index(line, position) + 1
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    """A working folder with no artifacts/ and no runs/, shared by the chain's commands."""
+    return tmp_path_factory.mktemp("fresh")
+
+
+STEP_CAPS = {  # as written, plus caps that keep each command to a step or two
+    "python train.py experiment=demo_sft": "trainer.max_steps=1 data.generate.needle.num_train=4 "
+    "data.generate.needle.num_eval=2",
+    "python train.py model.path=runs/demo_sft/hf model.build_tiny=null cold_start=null": (
+        "trainer.max_steps=1 data.batch_size=1 rollout.group_size=2 rollout.agent.max_rounds=1 "
+        "rollout.agent.max_new_tokens=8 data.generate.num_train=4 data.generate.num_eval=2 "
+        "callbacks.benchmark_validation.limit=1 callbacks.benchmark_validation.every_n_steps=1"
+    ),
+    "python evaluate.py model.path=runs/demo/hf model.build_tiny=null": "limit=1",
+    "paravt make-sft-data --needle artifacts/needle/train.jsonl --model artifacts/tiny_qwen3_vl "
+    "--out sft.jsonl": "",
+}
+
+
+@pytest.mark.slow
+def test_the_cpu_chain_runs_from_a_fresh_folder(fresh):
+    shown = {c for _, c in COMMANDS}
+    assert set(STEP_CAPS) <= shown, set(STEP_CAPS) - shown
+    assert not (fresh / "artifacts").exists() and not (fresh / "runs").exists()
+    for command, caps in STEP_CAPS.items():
+        result = _run(f"{command} {caps}".strip(), fresh)
+        assert result.returncode == 0, (
+            command + "\n" + result.stdout[-2000:] + result.stderr[-3000:]
+        )
+    assert (fresh / "runs" / "demo_sft" / "hf" / "config.json").exists()
+    assert (fresh / "runs" / "demo" / "hf" / "paravt_protocol.json").exists()
+    assert (fresh / "sft.jsonl").read_text().count("\n") >= 1  # the teacher rows
+    assert list((fresh / "runs" / "eval" / "needle" / "parallel").glob("*/metrics.json"))
