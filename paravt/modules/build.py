@@ -13,6 +13,8 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from paravt.modules.loggers import build_loggers, record_run
+
 log = logging.getLogger(__name__)
 
 # Lightning warnings that do not apply to this module's design, silenced by message.
@@ -74,8 +76,9 @@ def build_run(cfg: DictConfig) -> Run:
     # The DataModule generates the rollouts: it gets the rollout group (agent, crop, engine).
     # (a partial: kwargs given to `instantiate` would be turned back into plain config dicts)
     datamodule = instantiate(cfg.data, _partial_=True)(rollout=instantiate(cfg.rollout))
-    logger = instantiate(cfg.logger)
+    logger = build_loggers(cfg)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
+    record_run(logger, cfg)
     module = build_module(cfg, init_on_meta=shards_model(trainer))
     return Run(trainer=trainer, module=module, datamodule=datamodule)
 
