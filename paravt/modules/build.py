@@ -56,7 +56,16 @@ def build_module(cfg: DictConfig, init_on_meta: bool = False):
         seed=cfg.seed,
         scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         init_on_meta=init_on_meta,
+        **_judge(cfg),
     )
+
+
+def _judge(cfg: DictConfig) -> dict:
+    """GRPOModule's judge and judge_guard from the `judge` group (none by default)."""
+    node = cfg.get("judge")
+    if not node:
+        return {}
+    return {"judge": instantiate(node.client), "judge_guard": instantiate(node.guard)}
 
 
 def shards_model(trainer) -> bool:

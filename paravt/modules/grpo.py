@@ -33,6 +33,9 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
+from paravt.rewards.judge import LLMJudge
+from paravt.rewards.judge_guard import JudgeGuard
+from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import (
     STRUCTURAL_TAGS,
     structural_anchor_loss,
@@ -105,9 +108,12 @@ class GRPOModule(pl.LightningModule):
         seed: int = 0,
         scheduler: Callable | None = None,
         init_on_meta: bool = False,
+        judge: LLMJudge | None = None,
+        judge_guard: JudgeGuard | None = None,
     ):
         """`init_on_meta` (set by `build_module` for FSDP2 trainers): policy and reference are
-        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards."""
+        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards.
+        `judge`: an LLM judge for open-ended answers, its fallbacks checked by `judge_guard`."""
         super().__init__()
         self.automatic_optimization = False
         self.spec, self.algo = model, algorithm
@@ -119,6 +125,7 @@ class GRPOModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
+        self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
         if algorithm.kl_coef > 0:
@@ -173,8 +180,7 @@ class GRPOModule(pl.LightningModule):
         trajs = list(batch.trajectories)
         self._temperature = batch.temperature
         with timer("reward"):
-            pairs = zip(trajs, batch.repeated_samples(), strict=True)
-            rewards = [self.score(t, s) for t, s in pairs]
+            rewards, judged = self._rewards(trajs, batch.repeated_samples())
         with timer("logprobs"):
             totals = self._rewards_with_kl(trajs, rewards)
         adv = compute_advantages(
@@ -192,7 +198,7 @@ class GRPOModule(pl.LightningModule):
             metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(batch.weight_version)
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
-        metrics |= batch.counts
+        metrics |= batch.counts | judged
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
         metrics = mean_over_ranks(metrics, sums=("update/trajectories", *SKIP_SUMS))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
@@ -202,6 +208,15 @@ class GRPOModule(pl.LightningModule):
 
     def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
         return trajectory_reward(traj, sample, self.reward_weights)
+
+    def _rewards(self, trajs, samples) -> tuple[list[RewardBreakdown], dict[str, float]]:
+        """Every rollout's reward, and the judge's metrics when there is one (it may stop the
+        run: paravt.rewards.judge_guard); the judge's counts are summed over the ranks."""
+        if self.judge is None:
+            return [self.score(t, s) for t, s in zip(trajs, samples, strict=True)], {}
+        return judged_rewards(
+            trajs, samples, self.reward_weights, self.judge, self.judge_guard, global_sums
+        )
 
     def _rewards_with_kl(self, trajs, rewards) -> torch.Tensor:
         """R - kl_coef * KL(sampling policy || reference) per rollout (reward-side KL).

@@ -27,6 +27,7 @@ from paravt.errors import UserError
 
 # Where a logger's package comes from, for the error when it is missing.
 _EXTRAS = {"wandb": "wandb", "mlflow": "mlflow-skinny"}
+_SECRETS = ("api_key", "token", "password", "secret")
 
 
 def build_loggers(cfg: DictConfig) -> list | bool:
@@ -90,7 +91,20 @@ def run_record(cfg: DictConfig) -> dict[str, Any]:
         config = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation only Hydra's runtime resolves
         config = OmegaConf.to_container(cfg, resolve=False)
+    config = _redact(config)
     return {"run_name": cfg.get("name"), "git_revision": git_revision() or "unknown", **config}
+
+
+def _redact(node: Any) -> Any:
+    """The config with every credential-like value (`api_key`, `token`, `password`) hidden."""
+    if isinstance(node, dict):
+        return {
+            k: "***" if v and any(s in str(k).lower() for s in _SECRETS) else _redact(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_redact(v) for v in node]
+    return node
 
 
 def record_run(loggers, cfg: DictConfig) -> None:
