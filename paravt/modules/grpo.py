@@ -30,6 +30,7 @@ from paravt.distributed import (
     pad_micro_batches,
 )
 from paravt.models.loading import PolicySpec, load_policy
+from paravt.models.lora import BaseView, export_lora, fold_adapters, is_lora
 from paravt.modules.forward import TokenIds, trajectory_logprobs
 from paravt.modules.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
@@ -128,7 +129,9 @@ class GRPOModule(pl.LightningModule):
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
-        if algorithm.kl_coef > 0:
+        if algorithm.kl_coef > 0 and is_lora(self.policy):  # adapters off: no second copy
+            self.reference = BaseView(self.policy)
+        elif algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         tok = self.processor.tokenizer
         self.token_ids = TokenIds.from_tokenizer(tok)
@@ -151,8 +154,11 @@ class GRPOModule(pl.LightningModule):
         self.anchor_coef = float(coef)
 
     def reset_reference(self) -> None:
-        """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
-        if self.reference is not None:
+        """Make the frozen reference a copy of the current policy (e.g. after a cold start).
+        LoRA: the adapters are folded into the base weights and restart at zero."""
+        if is_lora(self.policy):
+            fold_adapters(self.policy)
+        elif self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
 
     def configure_model(self) -> None:
@@ -160,6 +166,11 @@ class GRPOModule(pl.LightningModule):
         fill) policy and reference (`paravt.modules.fsdp.configure_sharding`); one device: no-op."""
         from paravt.modules.fsdp import configure_sharding
 
+        if is_lora(self.policy) and Rank.current().world_size > 1:
+            raise NotImplementedError(
+                "model.lora with trainer=fsdp / fsdp_cpu is not supported yet: train LoRA on one "
+                "device (trainer=cpu or one GPU)"
+            )
         configure_sharding(self, self.spec, self.policy, self.reference)
 
     def configure_optimizers(self):
@@ -396,6 +407,9 @@ class GRPOModule(pl.LightningModule):
         FSDP2 every rank calls it and rank 0 writes the gathered weights."""
         from paravt.modules.fsdp import export_hf
 
+        if is_lora(self.policy):  # the merged model, and the adapter in `path/adapter`
+            export_lora(self.policy, self.processor, path, self.model_path)
+            return
         export_hf(self.policy, self.processor, path)
 
     def state_dict(self, *args, **kwargs):
