@@ -118,6 +118,7 @@ def test_lmms_eval_finds_the_plugin_and_answers_instances(
                 "test",
             ),
             idx=0,
+            metadata={"task": "needle_local", "doc_id": i, "repeats": 1},
         )
         for i, item in enumerate(items)
     ]
