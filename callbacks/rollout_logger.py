@@ -1,4 +1,4 @@
-"""Write a few training rollouts to TensorBoard: full text, turn by turn, and a crop timeline.
+"""Write a few training rollouts to the trackers: full text, turn by turn, and a crop timeline.
 
 Every `every_n_steps` optimizer steps, `RolloutLogger` takes `pl_module.last_rollout` and writes,
 at the record's own `step`,
@@ -10,10 +10,11 @@ at the record's own `step`,
   ticks), over the shaded ground-truth windows; each row labelled with its reward and answer,
   the title naming the sample, the step and the frame budget K (`callbacks.crop_figure`).
   With `png_path`, the last one is also saved there as a PNG when training ends.
-With no TensorBoard-like logger (an `experiment` with `add_text` and `add_image`), it warns once
-and does nothing. matplotlib is not a dependency: the bars are drawn with numpy by the pure
-`draw_crop_timeline`, the labels with Pillow. This module deliberately logs no scalars (the
-module and other callbacks do) and writes only on global rank 0.
+Texts and the image reach every logger that holds them (TensorBoard, W&B, MLflow:
+`callbacks.tracker_io`); with none (CSV only, or no logger) it warns once and does nothing.
+matplotlib is not a dependency: the bars are drawn with numpy by the pure `draw_crop_timeline`,
+the labels with Pillow. This module deliberately logs no scalars (the module and other callbacks
+do) and writes only on global rank 0.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from callbacks.crop_figure import PLOT_WIDTH, ROW_HEIGHT, timeline_figure
 from callbacks.records import RolloutRecord, latest_rollout
 from callbacks.schedules import crossed_multiple
+from callbacks.tracker_io import TrackerWriter
 from paravt.rewards.accuracy import extract_answer
 from paravt.types import RewardBreakdown, Trajectory, Turn
 
@@ -213,18 +215,15 @@ class RolloutLogger(pl.Callback):
         self.write(writer, record, record.step)
 
     def _writer(self, trainer: pl.Trainer) -> Any:
-        for logger in trainer.loggers:
-            experiment = logger.experiment
-            if callable(getattr(experiment, "add_text", None)) and callable(
-                getattr(experiment, "add_image", None)
-            ):
-                return experiment
+        writer = TrackerWriter(trainer.loggers)
+        if writer:
+            return writer
         if not self._warned:
             self._warned = True
             rank_zero_warn(
-                "RolloutLogger writes text and images through a TensorBoard logger, and the "
-                "trainer has none; add logger=TensorBoardLogger(...) or drop RolloutLogger. "
-                "Skipping rollout logging."
+                "RolloutLogger writes text and images through a logger that holds them "
+                "(logger=tensorboard, wandb or mlflow), and the trainer has none; add one or "
+                "drop RolloutLogger. Skipping rollout logging."
             )
         return None
 

@@ -59,10 +59,11 @@ def _group_hints(groups, root: Path) -> list[str]:
         if o.is_sweep_override():
             continue
         options = sorted(p.stem for p in (root / o.key_or_group).glob("*.yaml"))
-        value = str(o.value())
-        if value not in options:
-            near = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
-            lines.append(_line(f"{o.key_or_group}={value}", near, options, o.key_or_group))
+        values = o.value() if isinstance(o.value(), list) else [o.value()]  # logger=[a,b]
+        for value in map(str, values):
+            if value not in options:
+                near = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
+                lines.append(_line(f"{o.key_or_group}={value}", near, options, o.key_or_group))
     return lines
 
 

@@ -73,3 +73,10 @@ def test_an_added_key_a_target_does_not_take_gets_the_closest_argument(train_py,
     [line] = result.stderr.strip().splitlines()[-1:]
     assert "clip_hgh" in line and "did you mean 'clip_high'?" in line
     assert "Traceback" not in result.stderr
+
+
+def test_a_list_of_group_options_is_checked_option_by_option():
+    conf = ROOT / "conf"
+    assert typo_hints(conf, "train", ["logger=[tensorboard,wandb,mlflow,csv]"]) == []
+    (hint,) = typo_hints(conf, "train", ["logger=[tensorboard,wandbb]"])
+    assert hint.startswith("hint: no config logger=wandbb in conf/logger/") and "wandb" in hint

@@ -35,6 +35,7 @@ class PolicySpec:
     gradient_checkpointing: bool = False
     tiny_dir: str | None = None  # the one folder a tiny model may be built in (None: `path`)
     tiny: Mapping[str, Any] | None = None  # TinyModelConfig sizes when build_tiny is set
+    lora: Mapping[str, Any] | None = None  # paravt.models.lora.LoraSpec; rank 0: no adapters
 
 
 def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
@@ -79,8 +80,14 @@ def load_policy(spec: PolicySpec, on_meta: bool = False):
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
+    from paravt.models.lora import apply_lora, check_qlora, lora_spec, quantization_kwargs
+
+    lora = lora_spec(spec.lora)
+    if lora is not None:
+        check_qlora(lora)  # before any weight is read: QLoRA needs a CUDA GPU
     path = policy_path(spec)
     kwargs = {"dtype": getattr(torch, spec.dtype), "attn_implementation": spec.attn_implementation}
+    kwargs |= quantization_kwargs(lora, kwargs["dtype"])
     if on_meta:
         with torch.device("meta"):
             config = AutoConfig.from_pretrained(path)
@@ -89,6 +96,8 @@ def load_policy(spec: PolicySpec, on_meta: bool = False):
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     if spec.freeze_vision:
         vision_tower(model).requires_grad_(False)
+    if lora is not None:  # only the adapters train from here on
+        model = apply_lora(model, lora)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, AutoProcessor.from_pretrained(path)

@@ -24,6 +24,7 @@ import torch
 from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.loading import PolicySpec, load_policy
+from paravt.models.lora import BaseView, export_lora, fold_adapters, is_lora
 from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.parallel.distributed import (
@@ -36,6 +37,9 @@ from paravt.parallel.distributed import (
     pad_micro_batches,
 )
 from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
+from paravt.rewards.judge import LLMJudge
+from paravt.rewards.judge_guard import JudgeGuard
+from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
 from paravt.rl.kl import kl_penalty
 from paravt.rl.microbatch import (
@@ -117,9 +121,12 @@ class GRPOModule(pl.LightningModule):
         seed: int = 0,
         scheduler: Callable | None = None,
         init_on_meta: bool = False,
+        judge: LLMJudge | None = None,
+        judge_guard: JudgeGuard | None = None,
     ):
         """`init_on_meta` (set by `build_module` for FSDP2 trainers): policy and reference are
-        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards."""
+        meta-device skeletons until `configure_model` shards them and rank 0 fills the shards.
+        `judge`: an LLM judge for open-ended answers, its fallbacks checked by `judge_guard`."""
         super().__init__()
         self.automatic_optimization = False
         self.spec, self.algo = model, algorithm
@@ -132,10 +139,13 @@ class GRPOModule(pl.LightningModule):
         check_mode(algorithm.engine_is_correction)
         self.scheduler_factory = scheduler
         self.seed = seed
+        self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
         self.reference_in_checkpoint = False  # True once a cold start copies the policy into it
-        if algorithm.kl_coef > 0:
+        if algorithm.kl_coef > 0 and is_lora(self.policy):  # adapters off: no second copy
+            self.reference = BaseView(self.policy)
+        elif algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         tok = self.processor.tokenizer
         self.token_ids = TokenIds.from_tokenizer(tok)
@@ -162,8 +172,11 @@ class GRPOModule(pl.LightningModule):
         self.anchor_coef = float(coef)
 
     def reset_reference(self) -> None:
-        """Make the frozen reference a copy of the current policy (e.g. after a cold start)."""
-        if self.reference is not None:
+        """Make the frozen reference a copy of the current policy (e.g. after a cold start).
+        LoRA: the adapters are folded into the base weights and restart at zero."""
+        if is_lora(self.policy):
+            fold_adapters(self.policy)
+        elif self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
             self.reference_in_checkpoint = True  # model.path no longer rebuilds it
 
@@ -173,6 +186,11 @@ class GRPOModule(pl.LightningModule):
         no-op."""
         from paravt.parallel.fsdp import configure_sharding
 
+        if is_lora(self.policy) and Rank.current().world_size > 1:
+            raise NotImplementedError(
+                "model.lora with trainer=fsdp / fsdp_cpu is not supported yet: train LoRA on one "
+                "device (trainer=cpu or one GPU)"
+            )
         configure_sharding(self, self.spec, self.policy, self.reference)
 
     def configure_optimizers(self):
@@ -193,8 +211,7 @@ class GRPOModule(pl.LightningModule):
         trajs = list(batch.trajectories)
         temp = batch.temperature  # every log-prob of the step is at the sampling temperature
         with timer("reward"):
-            pairs = zip(trajs, batch.repeated_samples(), strict=True)
-            rewards = [self.score(t, s) for t, s in pairs]
+            rewards, judged = self._rewards(trajs, batch.repeated_samples())
         with timer("logprobs"):
             totals = self._rewards_with_kl(trajs, rewards, temp)
         adv = compute_advantages(
@@ -212,7 +229,7 @@ class GRPOModule(pl.LightningModule):
             metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(batch.weight_version)
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
-        metrics |= batch.counts
+        metrics |= batch.counts | judged
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
         # Ranks hold unequal shares when B is not a multiple of W: weigh each by its rollouts.
         sums = ("update/trajectories", *SKIP_SUMS)
@@ -224,6 +241,15 @@ class GRPOModule(pl.LightningModule):
 
     def score(self, traj: Trajectory, sample: Sample) -> RewardBreakdown:
         return trajectory_reward(traj, sample, self.reward_weights)
+
+    def _rewards(self, trajs, samples) -> tuple[list[RewardBreakdown], dict[str, float]]:
+        """Every rollout's reward, and the judge's metrics when there is one (it may stop the
+        run: paravt.rewards.judge_guard); the judge's counts are summed over the ranks."""
+        if self.judge is None:
+            return [self.score(t, s) for t, s in zip(trajs, samples, strict=True)], {}
+        return judged_rewards(
+            trajs, samples, self.reward_weights, self.judge, self.judge_guard, global_sums
+        )
 
     def _rewards_with_kl(self, trajs, rewards, temperature: float) -> torch.Tensor:
         """R - kl_coef * KL(sampling policy || reference) per rollout (reward-side KL).
@@ -425,6 +451,9 @@ class GRPOModule(pl.LightningModule):
         FSDP2 every rank calls it and rank 0 writes the gathered weights."""
         from paravt.parallel.fsdp import export_hf
 
+        if is_lora(self.policy):  # the merged model, and the adapter in `path/adapter`
+            export_lora(self.policy, self.processor, path, self.model_path)
+            return
         export_hf(self.policy, self.processor, path)
 
     def state_dict(self, *args, **kwargs):

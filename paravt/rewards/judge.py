@@ -6,12 +6,17 @@ when a key is given), using only the standard library, and maps the reply to 1 /
 
 The prompt (JUDGE_SYSTEM_PROMPT + JUDGE_USER_TEMPLATE below) asks for exactly one word:
 CORRECT (1.0), PARTIAL (0.5) or INCORRECT (0.0). A bare number in [0, 1] is accepted too and
-snapped to the nearest of 0 / 0.5 / 1. On any failure (timeout, connection or HTTP error, a body
-that is not an OpenAI reply, an unparsable verdict) the judge falls back to token F1 and counts
-it in `num_fallbacks` (with the reason in `last_error`), so training never stops on a flaky judge.
+snapped to the nearest of 0 / 0.5 / 1. A failed request (timeout, connection error, HTTP 5xx or
+429, a body that is not an OpenAI reply) is retried `retries` times with exponential backoff
+(`backoff`, 2x, 4x ... seconds); an HTTP 4xx or an unparsable verdict is not. When it still fails
+the judge falls back to token F1 and counts it in `num_fallbacks` (the reason in `last_error`).
 
-This module deliberately does no retries, batching or caching, and holds no credentials itself:
-the caller passes `api_key` (e.g. from an environment variable read by the glue).
+`prefetch(items)` scores a step's answers concurrently (a pool of at most `max_workers` threads)
+into a cache that `__call__` reads, so the reward code keeps calling the judge one answer at a
+time; `take_stats()` returns what happened since the last call (calls, fallbacks, last error)
+and empties the cache. Whether a share of fallbacks stops training is `judge_guard`'s decision.
+This module holds no credentials itself: the caller passes `api_key` (e.g. from an environment
+variable read by the glue).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ import http.client
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from paravt.rewards.accuracy import token_f1
@@ -41,6 +50,27 @@ _NUMBER_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])")
 _VERDICT_SCORES = {"correct": 1.0, "partial": 0.5, "partially": 0.5, "incorrect": 0.0, "not": 0.0}
 # Errors a network call or a malformed reply can raise; anything else is a bug and propagates.
 _JUDGE_ERRORS = (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError)
+
+
+@dataclass(frozen=True)
+class JudgeStats:
+    """What a judge did since the last `take_stats()`: answers asked, how many fell back."""
+
+    calls: int = 0
+    fallbacks: int = 0
+    last_error: str | None = None
+
+
+class _NoVerdict(ValueError):
+    """A reply without a verdict: deterministic at temperature 0, so never retried."""
+
+
+def _retryable(err: Exception) -> bool:
+    if isinstance(err, _NoVerdict):
+        return False
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code >= 500 or err.code == 429
+    return True
 
 
 def parse_verdict(reply: str) -> float | None:
@@ -67,7 +97,13 @@ class LLMJudge:
         api_key: str | None = None,
         timeout: float = 30.0,
         max_tokens: int = 8,
+        max_workers: int = 8,
+        retries: int = 2,
+        backoff: float = 0.5,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
+        """`extra_body`: more JSON fields for each request, e.g. vLLM's
+        `{"structured_outputs": {"choice": ["CORRECT", "PARTIAL", "INCORRECT"]}}`."""
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(
                 f"LLMJudge base_url {base_url!r} must start with http:// or https:// "
@@ -75,30 +111,78 @@ class LLMJudge:
             )
         if timeout <= 0:
             raise ValueError(f"LLMJudge timeout must be > 0 seconds, got {timeout}")
+        if max_workers < 1 or retries < 0 or backoff < 0:
+            raise ValueError(
+                f"LLMJudge needs max_workers >= 1, retries >= 0, backoff >= 0; got "
+                f"{max_workers}, {retries}, {backoff}"
+            )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
         self.timeout = timeout
         self.max_tokens = max_tokens
+        self.max_workers, self.retries, self.backoff = max_workers, retries, backoff
+        self.extra_body = dict(extra_body or {})
         self.num_calls = 0
         self.num_fallbacks = 0
         self.last_error: str | None = None
+        self._step = JudgeStats()
+        self._cache: dict[tuple[str, str], float] = {}
         # Rewards may be computed from several threads; the counters must stay exact.
         self._lock = threading.Lock()
 
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
     def __call__(self, prediction: str, gold: str, question: str = "") -> float:
         with self._lock:
+            cached = self._cache.get((prediction, gold))
+        return cached if cached is not None else self._score(prediction, gold, question)
+
+    def prefetch(self, items: Sequence[tuple[str, str, str]]) -> None:
+        """Score (prediction, gold, question) items concurrently into the step's cache."""
+        todo = list({(p, g): (p, g, q) for p, g, q in items if (p, g) not in self._cache}.values())
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(todo))) as pool:
+            scores = list(pool.map(lambda item: self._score(*item), todo))
+        with self._lock:
+            self._cache.update({(p, g): v for (p, g, _), v in zip(todo, scores, strict=True)})
+
+    def take_stats(self) -> JudgeStats:
+        """Calls and fallbacks since the last take (the step's), and a fresh cache."""
+        with self._lock:
+            stats, self._step = self._step, JudgeStats(last_error=self._step.last_error)
+            self._cache.clear()
+        return stats
+
+    def _score(self, prediction: str, gold: str, question: str) -> float:
+        with self._lock:
             self.num_calls += 1
+            self._step = JudgeStats(self._step.calls + 1, self._step.fallbacks, self.last_error)
         try:
-            verdict = parse_verdict(self._ask(prediction, gold, question))
-            if verdict is None:
-                raise ValueError("judge reply holds no verdict")
-            return verdict
+            return self._ask_with_retries(prediction, gold, question)
         except _JUDGE_ERRORS as err:
             with self._lock:
                 self.num_fallbacks += 1
                 self.last_error = f"{type(err).__name__}: {err}"
+                step = self._step
+                self._step = JudgeStats(step.calls, step.fallbacks + 1, self.last_error)
             return token_f1(prediction, gold)
+
+    def _ask_with_retries(self, prediction: str, gold: str, question: str) -> float:
+        for attempt in range(self.retries + 1):
+            try:
+                verdict = parse_verdict(self._ask(prediction, gold, question))
+                if verdict is None:
+                    raise _NoVerdict("judge reply holds no verdict")
+                return verdict
+            except _JUDGE_ERRORS as err:
+                if attempt == self.retries or not _retryable(err):
+                    raise
+                time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _ask(self, prediction: str, gold: str, question: str) -> str:
         """The assistant message of one chat completion."""
@@ -115,12 +199,13 @@ class LLMJudge:
             ],
             "temperature": 0,
             "max_tokens": self.max_tokens,
+            **self.extra_body,
         }
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(
-            f"{self.base_url}/chat/completions",
+            self.endpoint,
             data=json.dumps(body).encode("utf-8"),
             headers=headers,
             method="POST",

@@ -31,11 +31,17 @@ def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rollo
 def engine_copy(model, cfg: EngineConfig):
     """An unsharded, frozen copy of `model` with its current weights (a deep copy, or, for an
     FSDP2-sharded model, a fresh module of the same config filled from the gathered shards)."""
+    import torch
+
+    from paravt.models.lora import is_lora, merged_state_dict
     from paravt.parallel.distributed import is_sharded, iter_full_state_dict, load_buckets
 
+    if is_lora(model):  # the engine gets the merged weights in a plain model of the base class
+        clone = type(model)._from_config(model.config, dtype=next(model.parameters()).dtype)
+        clone.load_state_dict(merged_state_dict(model))
+        return clone.requires_grad_(False).eval()
     if not is_sharded(model):
         return copy.deepcopy(model)
-    import torch
 
     first = next(model.parameters())
     with torch.device(first.to_local().device):

@@ -72,7 +72,10 @@ class TransformersEngine:
             device = next(self.model.parameters()).device
             load_buckets(self.model, iter_full_state_dict(policy, self.sync_bucket_bytes, device))
         elif policy is not self.model:
-            self.model.load_state_dict(policy.state_dict())
+            from paravt.models.lora import is_lora, merged_state_dict
+
+            merged = is_lora(policy)  # LoRA: base + adapters, under the base model's names
+            self.model.load_state_dict(merged_state_dict(policy) if merged else policy.state_dict())
         self._version = version
 
     @torch.no_grad()

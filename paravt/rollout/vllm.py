@@ -350,10 +350,16 @@ class VLLMEngine:
         from the shards of an FSDP2 policy: every rank calls this, each for its own engine)."""
         import torch
 
+        from paravt.models.lora import is_lora, merged_state_dict
         from paravt.parallel.distributed import iter_full_state_dict
 
         dtype = getattr(torch, self.cfg.dtype)
         device = next(policy.parameters()).device if _on_gpu() else "cpu"
+        if is_lora(policy):  # vLLM loads the base model's names: base + adapter, merged
+            yield from (
+                (n, t.to(device=device, dtype=dtype)) for n, t in merged_state_dict(policy).items()
+            )
+            return
         for bucket in iter_full_state_dict(policy, self.cfg.sync_bucket_mb * 2**20, device):
             yield from ((name, t.to(dtype)) for name, t in bucket)
 

@@ -13,6 +13,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from paravt.run.loggers import build_loggers, record_run
 from paravt.run.run_dirs import shown
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,16 @@ def build_module(cfg: DictConfig, init_on_meta: bool = False):
         seed=cfg.seed,
         scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         init_on_meta=init_on_meta,
+        **_judge(cfg),
     )
+
+
+def _judge(cfg: DictConfig) -> dict:
+    """GRPOModule's judge and judge_guard from the `judge` group (none by default)."""
+    node = cfg.get("judge")
+    if not node:
+        return {}
+    return {"judge": instantiate(node.client), "judge_guard": instantiate(node.guard)}
 
 
 def shards_model(trainer) -> bool:
@@ -79,8 +89,9 @@ def build_run(cfg: DictConfig) -> Run:
     # The DataModule generates the rollouts: it gets the rollout group (agent, crop, engine).
     # (a partial: kwargs given to `instantiate` would be turned back into plain config dicts)
     datamodule = instantiate(cfg.data, _partial_=True)(rollout=instantiate(cfg.rollout))
-    logger = instantiate(cfg.logger)
+    logger = build_loggers(cfg)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
+    record_run(logger, cfg)
     module = build_module(cfg, init_on_meta=shards_model(trainer))
     return Run(trainer=trainer, module=module, datamodule=datamodule)
 

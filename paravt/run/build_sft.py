@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from paravt.run.build import Run, build_callbacks, shards_model
+from paravt.run.loggers import build_loggers, record_run
 from paravt.run.run_dirs import shown
 
 
@@ -33,8 +34,9 @@ def build_sft_run(cfg: DictConfig) -> Run:
     # SFT batches are encoded rows, not tensors: the module builds tensors on its device.
     warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
     pl.seed_everything(cfg.seed, workers=True)
-    logger = instantiate(cfg.logger)
+    logger = build_loggers(cfg)
     trainer = instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
+    record_run(logger, cfg)
     # Before the data: builds a missing tiny model the data writer needs.
     module = build_sft_module(cfg, init_on_meta=shards_model(trainer))
     datamodule = instantiate(cfg.data)

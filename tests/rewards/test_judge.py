@@ -24,6 +24,9 @@ REPLIES = {
 
 class _Handler(BaseHTTPRequestHandler):
     requests: ClassVar[list[tuple[str, dict, dict]]] = []
+    times: ClassVar[dict[str, list[float]]] = {}  # path -> arrival times
+    in_flight: ClassVar[list[int]] = [0, 0]  # now, most at once
+    gauge = threading.Lock()
 
     def log_message(self, format: str, *args: object) -> None:  # keep test output clean
         pass
@@ -39,9 +42,37 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers["Content-Length"])
         payload = json.loads(self.rfile.read(length))
         _Handler.requests.append((self.path, dict(self.headers), payload))
+        _Handler.times.setdefault(self.path, []).append(time.monotonic())
         prefix = "/" + self.path.strip("/").split("/")[0]
+        with _Handler.gauge:
+            _Handler.in_flight[0] += 1
+            _Handler.in_flight[1] = max(_Handler.in_flight)
+        try:
+            self._reply(prefix, payload)
+        finally:
+            with _Handler.gauge:
+                _Handler.in_flight[0] -= 1
+
+    def _reply(self, prefix: str, payload: dict) -> None:
         if prefix == "/slow":
             time.sleep(0.6)
+        if prefix == "/busy":  # a slow but working judge: the pool's bound is visible
+            time.sleep(0.3)
+        if prefix.startswith("/flaky") and len(_Handler.times[self.path]) <= 2:
+            self._send(503, b'{"error": "warming up"}')
+            return
+        if prefix == "/bad":
+            self._send(400, b'{"error": "bad request"}')
+            return
+        if prefix == "/truncated":
+            self._send(200, b'{"choices": [{"message": {"content": "COR')
+            return
+        if prefix == "/nochoices":
+            self._send(200, b'{"choices": []}')
+            return
+        if prefix == "/nullcontent":
+            self._send(200, b'{"choices": [{"message": {"role": "assistant", "content": null}}]}')
+            return
         if prefix == "/error":
             self._send(500, b'{"error": "boom"}')
             return
@@ -98,7 +129,7 @@ def test_verdicts(server_url: str, prefix: str, expected: float) -> None:
 
 @pytest.mark.parametrize("prefix", ["/slow", "/error", "/notjson", "/babble"])
 def test_failures_fall_back_to_token_f1_and_are_counted(server_url: str, prefix: str) -> None:
-    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m", timeout=0.2)
+    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m", timeout=0.2, retries=0)
     started = time.monotonic()
     # pred {red, car, parked} vs gold {red, car}: P = 2/3, R = 1, F1 = 0.8
     assert judge("a red car parked", "the red car") == pytest.approx(0.8)
@@ -160,3 +191,62 @@ def test_bad_configuration_is_named() -> None:
         LLMJudge("127.0.0.1:8000/v1", model="m")
     with pytest.raises(ValueError, match="timeout must be > 0"):
         LLMJudge("http://127.0.0.1:8000/v1", model="m", timeout=0)
+
+
+def test_a_flaky_server_is_retried_with_exponential_backoff(server_url: str) -> None:
+    # /flaky answers 503 to the first two requests of a path, then CORRECT.
+    judge = LLMJudge(f"{server_url}/flaky1/v1", model="m", retries=2, backoff=0.1)
+    assert judge("crimson", "red") == 1.0
+    assert (judge.num_calls, judge.num_fallbacks) == (1, 0)
+    t = _Handler.times["/flaky1/v1/chat/completions"]
+    assert len(t) == 3
+    assert t[1] - t[0] >= 0.1 and t[2] - t[1] >= 0.2  # backoff 0.1 s, then 0.2 s
+
+
+def test_retries_run_out_then_fall_back(server_url: str) -> None:
+    judge = LLMJudge(f"{server_url}/flaky2/v1", model="m", retries=1, backoff=0.01)
+    assert judge("a red car parked", "the red car") == pytest.approx(0.8)  # token F1
+    assert len(_Handler.times["/flaky2/v1/chat/completions"]) == 2
+    assert "503" in judge.last_error
+
+
+@pytest.mark.parametrize(("prefix", "requests"), [("/bad", 1), ("/babble", 1), ("/error", 3)])
+def test_client_errors_and_verdictless_replies_are_not_retried(server_url, prefix, requests):
+    path = f"{prefix}/v1/chat/completions"
+    before = len(_Handler.times.get(path, []))
+    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m", retries=2, backoff=0.01)
+    judge("x", "y")
+    assert len(_Handler.times[path]) - before == requests  # 500 is retried twice, 400 never
+    assert judge.num_fallbacks == 1
+
+
+@pytest.mark.parametrize("prefix", ["/truncated", "/nochoices", "/nullcontent", "/notjson"])
+def test_malformed_bodies_fall_back_with_the_reason(server_url: str, prefix: str) -> None:
+    judge = LLMJudge(f"{server_url}{prefix}/v1", model="m", retries=0)
+    assert judge("red", "red car") == pytest.approx(2 / 3)
+    assert judge.num_fallbacks == 1 and judge.last_error.split(":")[0] in {
+        "JSONDecodeError", "IndexError", "TypeError",
+    }  # fmt: skip
+
+
+def test_prefetch_is_concurrent_bounded_and_cached(server_url: str) -> None:
+    judge = LLMJudge(f"{server_url}/busy/v1", model="m", max_workers=3)
+    items = [(f"answer {i}", "gold", "q?") for i in range(9)] + [("answer 0", "gold", "q?")]
+    _Handler.in_flight[1] = 0
+    before = len(_Handler.times.get("/busy/v1/chat/completions", []))
+    started = time.monotonic()
+    judge.prefetch(items)
+    elapsed = time.monotonic() - started
+    assert _Handler.in_flight[1] == 3  # never more than max_workers at once
+    assert len(_Handler.times["/busy/v1/chat/completions"]) - before == 9  # duplicate asked once
+    assert 0.85 <= elapsed < 2.5  # 9 requests of 0.3 s, 3 at a time: 3 rounds, not 9
+    assert judge("answer 4", "gold") == 1.0  # from the cache: no new request
+    assert len(_Handler.times["/busy/v1/chat/completions"]) - before == 9
+    stats = judge.take_stats()
+    assert (stats.calls, stats.fallbacks) == (9, 0)
+    assert judge.take_stats().calls == 0  # counts and cache are per step
+
+
+def test_bad_pool_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="max_workers >= 1, retries >= 0"):
+        LLMJudge("http://127.0.0.1:8000/v1", model="m", max_workers=0)

@@ -1,0 +1,206 @@
+"""LoRA (and, on a CUDA GPU, QLoRA) adapters on the policy's language model, for RL on one GPU.
+
+`apply_lora` injects peft LoRA layers in place (`peft.inject_adapter_in_model`): the model keeps
+its transformers class, so the forward code, the engines and the vision-tower helpers are
+unchanged; only the adapters are trainable (the vision tower and every base weight frozen).
+- `BaseView(policy)`: the KL reference, the same module run with its adapters switched off
+  (no second copy of the weights).
+- `merged_state_dict(policy)`: base + scale * B @ A under the base model's own parameter names,
+  what an engine with its own weights (vLLM) and the merged HF export load.
+- `fold_adapters(policy)`: adds the adapters into the base weights and restarts them at zero
+  (B = 0), so the policy is unchanged and the reference becomes the current policy.
+- `export_lora(policy, processor, path)`: the merged model at `path` (transformers / vLLM load it
+  as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`).
+QLoRA (`load_in_4bit`) needs bitsandbytes' CUDA kernels: `check_qlora` refuses it elsewhere.
+This module deliberately does not support FSDP2 sharding of adapters (not tested here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paravt.errors import UserError
+
+ADAPTER = "default"
+# The language model's linear layers; the vision tower's are never matched.
+LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """`model.lora`: rank 0 means no adapters (full fine-tuning, the default)."""
+
+    rank: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = LANGUAGE_TARGETS
+    load_in_4bit: bool = False  # QLoRA: a 4-bit NF4 base (CUDA + bitsandbytes only)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise UserError(f"model.lora.rank must be an int >= 0 (0: no LoRA), got {self.rank!r}")
+        if self.rank and (self.alpha <= 0 or not 0 <= self.dropout < 1):
+            raise UserError(
+                f"model.lora needs alpha > 0 and 0 <= dropout < 1, got {self.alpha}, {self.dropout}"
+            )
+        if self.load_in_4bit and not self.rank:
+            raise UserError("model.lora.load_in_4bit=true (QLoRA) needs model.lora.rank > 0")
+
+
+def lora_spec(node: Mapping[str, Any] | LoraSpec | None) -> LoraSpec | None:
+    """The `model.lora` mapping as a LoraSpec; None when absent or rank 0."""
+    if node is None or isinstance(node, LoraSpec):
+        spec = node
+    else:
+        known = {f.name for f in fields(LoraSpec)}
+        unknown = sorted(set(node) - known)
+        if unknown:
+            raise UserError(f"model.lora: unknown key(s) {unknown}; valid keys: {sorted(known)}")
+        values = dict(node)
+        if "target_modules" in values:
+            values["target_modules"] = tuple(values["target_modules"])
+        spec = LoraSpec(**values)
+    return spec if spec is not None and spec.rank > 0 else None
+
+
+def check_qlora(spec: LoraSpec) -> None:
+    """QLoRA runs on a CUDA GPU with bitsandbytes; anywhere else: one line saying so."""
+    if not spec.load_in_4bit:
+        return
+    if not torch.cuda.is_available():
+        raise UserError(
+            "model.lora.load_in_4bit=true (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit "
+            "kernels do not run on this machine; set model.lora.load_in_4bit=false (LoRA on a "
+            "full-precision base) or train on a GPU"
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise UserError(
+            "model.lora.load_in_4bit=true (QLoRA) needs bitsandbytes: pip install 'paravt[bnb]'"
+        ) from err
+
+
+def quantization_kwargs(spec: LoraSpec | None, dtype: torch.dtype) -> dict[str, Any]:
+    """`from_pretrained` arguments of a 4-bit NF4 base (QLoRA), or none."""
+    if spec is None or not spec.load_in_4bit:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype,
+        llm_int8_skip_modules=["visual"],  # the vision tower stays in full precision
+    )
+    return {"quantization_config": config}
+
+
+def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """Inject LoRA adapters into the language model's linear layers; only they train."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    pattern = r".*language_model.*\.(" + "|".join(spec.target_modules) + r")$"
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=pattern,
+        bias="none",
+    )
+    try:
+        model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as err:  # peft: "Target modules ... not found in the base model"
+        if "not found" not in str(err):
+            raise
+    if not lora_layers(model):
+        raise UserError(
+            f"model.lora.target_modules {list(spec.target_modules)} match no linear layer of the "
+            f"language model; use names such as {list(LANGUAGE_TARGETS)}"
+        )
+    return model
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
+    """name -> peft LoRA layer of every adapted module."""
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def is_lora(model: Any) -> bool:
+    return isinstance(model, torch.nn.Module) and bool(getattr(model, "peft_config", None))
+
+
+class BaseView:
+    """The policy with its adapters off: the KL reference, sharing every base weight.
+
+    Not an nn.Module on purpose: it adds no parameters, no state-dict keys, no second copy.
+    """
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        self.policy = policy
+        self._layers = list(lora_layers(policy).values())
+
+    def __call__(self, *args, **kwargs):
+        for layer in self._layers:
+            layer._disable_adapters = True
+        try:
+            return self.policy(*args, **kwargs)
+        finally:
+            for layer in self._layers:
+                layer._disable_adapters = False
+
+    def __getattr__(self, name: str):  # config, device, dtype, parameters ... of the policy
+        return getattr(self.policy, name)
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's state dict with every adapter merged in (keys as without LoRA)."""
+    deltas = {
+        f"{name}.weight": layer.get_delta_weight(ADAPTER)
+        for name, layer in lora_layers(model).items()
+        if ADAPTER in layer.lora_A
+    }
+    out: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if ".lora_" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        out[key] = value + deltas[key].to(value.dtype) if key in deltas else value
+    return out
+
+
+@torch.no_grad()
+def fold_adapters(model: torch.nn.Module) -> None:
+    """Base weight += adapter delta, then the adapter restarts (B = 0): same policy outputs."""
+    for layer in lora_layers(model).values():
+        base = layer.get_base_layer()
+        base.weight += layer.get_delta_weight(ADAPTER).to(base.weight.dtype)
+        layer.reset_lora_parameters(ADAPTER, init_lora_weights=True)
+
+
+def export_lora(model: torch.nn.Module, processor, path: str | Path, base_path: str | None) -> None:
+    """The merged model at `path`, the adapter alone (peft format) at `path/adapter`."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    model.save_pretrained(str(path), state_dict=merged_state_dict(model))
+    if processor is not None:
+        processor.save_pretrained(str(path))
+    adapter = path / "adapter"
+    config = model.peft_config[ADAPTER]
+    config.base_model_name_or_path = base_path
+    config.save_pretrained(str(adapter))
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    # peft's own layout: PeftModel wraps the model as `base_model.model`
+    state = {f"base_model.model.{k}": v.contiguous() for k, v in state.items()}
+    save_file(state, str(adapter / "adapter_model.safetensors"))

@@ -1,0 +1,119 @@
+"""LLMJudge against vLLM's real OpenAI-compatible server on loopback, serving the tiny model
+(`python -m vllm.entrypoints.openai.api_server`, in the vLLM environment: `make test` runs the
+`vllm` tests there). A random tiny model cannot judge, so the verdict is constrained with vLLM's
+structured outputs (`extra_body`); without it the model babbles and every answer falls back,
+which the guard turns into an error naming the endpoint (issue 25 item 4)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from paravt.rewards.judge import LLMJudge
+from paravt.rewards.judge_guard import JudgeFailure, JudgeGuard
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+CHOICE = {"structured_outputs": {"choice": ["CORRECT", "PARTIAL", "INCORRECT"]}}
+START_TIMEOUT_S = 1200  # start-up took ~6 min on 2 shared cores
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3_dir, tmp_path_factory) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("vllm_judge") / "server.log").open("w")
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(tiny_qwen3_dir),
+            "--served-model-name",
+            "judge",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1024",
+            "--enforce-eager",
+            "--limit-mm-per-prompt",
+            '{"video": 0, "image": 0}',
+        ],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}; see {log.name}")
+            try:
+                with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - started > START_TIMEOUT_S:
+                pytest.fail(f"vLLM server not up after {START_TIMEOUT_S} s; see {log.name}")
+            time.sleep(2)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_answers_are_scored_concurrently_through_the_server(server):
+    judge = LLMJudge(server, model="judge", timeout=120, max_workers=4, extra_body=CHOICE)
+    colours = ("red", "blue", "green", "dark red", "crimson", "yellow", "pink", "orange")
+    items = [(f"a {c} square", "red", "What colour is the square?") for c in colours]
+    judge.prefetch(items)
+    scores = [judge(p, g, q) for p, g, q in items]
+    stats = judge.take_stats()
+    assert (stats.calls, stats.fallbacks) == (8, 0), stats.last_error
+    assert set(scores) <= {0.0, 0.5, 1.0}
+    guard = JudgeGuard()
+    assert (
+        guard.update(stats.calls, stats.fallbacks, judge.endpoint, None)["judge/fallback_rate"]
+        == 0.0
+    )
+
+
+def test_a_judge_that_gives_no_verdict_stops_training(server):
+    # The tiny model unconstrained: its reply holds no verdict word (not retried).
+    judge = LLMJudge(server, model="judge", timeout=120, max_tokens=4)
+    judge.prefetch([("a blue square", "red", "What colour?"), ("green", "red", "Colour?")])
+    stats = judge.take_stats()
+    assert stats.calls == 2 and stats.fallbacks >= 1
+    with pytest.raises(JudgeFailure) as err:
+        JudgeGuard().update(stats.calls, stats.fallbacks, judge.endpoint, stats.last_error)
+    assert f"{server}/chat/completions" in str(err.value) and "no verdict" in str(err.value)
+
+
+def test_an_unknown_model_name_is_a_client_error_not_retried(server):
+    judge = LLMJudge(server, model="no-such-model", timeout=60, retries=3, backoff=5.0)
+    started = time.monotonic()
+    assert judge("red", "red car") == pytest.approx(2 / 3)  # token F1 fallback
+    assert time.monotonic() - started < 5.0  # a 404 is not retried with backoff
+    assert "404" in judge.last_error
