@@ -68,7 +68,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.modules",),  # Lightning objects
     ("callbacks",),  # Lightning callbacks (a top-level package beside paravt)
     ("paravt.run",),  # run assembly, cold start, reports, `paravt rollout`
-    ("paravt.cli", "paravt.sweep", "paravt.config_hints"),  # entry points
+    ("paravt.cli", "paravt.sweep", "paravt.config_hints", "paravt.lmms"),  # entry points, plugins
 ]
 ROOT = Path(__file__).resolve().parents[1]
 
