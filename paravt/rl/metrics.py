@@ -21,13 +21,14 @@ Values = Sequence[float] | Sequence[int] | Tensor
 
 
 def format_compliance(reward: RewardBreakdown) -> float:
-    """The per-rollout value f_tau averages: R_fmt itself, anchor bonus included, in [0, 1].
+    """The per-rollout value f_tau averages: R_fmt itself, anchor bonus included, at most 1.
 
-    With the reference formula (`paravt.rewards.format`) R_fmt already lies in [0, 1], as the
-    paper's does, so f_tau compares with its 0.03-0.85; the legacy "mean" formula can leave
-    [0, 1] and is clipped here to stay comparable.
+    With the reference formula (`paravt.rewards.format`) R_fmt is the reference release's own
+    (<= 1; -0.15 for an unclosed think alone, kept, as the reference keeps it), so f_tau
+    compares with the paper's 0.13-0.64; the legacy "mean" formula's values above 1 are
+    clipped here to stay comparable.
     """
-    return min(1.0, max(0.0, float(reward.format)))
+    return min(1.0, float(reward.format))
 
 
 def _as_flat(values: Values) -> Tensor:  # [N] float64

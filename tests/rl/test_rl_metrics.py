@@ -55,11 +55,15 @@ def test_format_compliance_is_r_fmt_in_unit_interval():
     from paravt.types import RewardBreakdown
 
     good = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
-    # f_tau averages R_fmt itself, anchor included, clipped to [0, 1] (1 + 0.5 * 0.7 -> 1).
+    # f_tau averages R_fmt itself, anchor included, clipped at 1 (0.7 + 0.35 + 0.1 -> 1).
     assert format_compliance(compute_reward(good, "B", "mcq")) == 1.0
     legacy = compute_reward(good, "B", "mcq", weights=RewardWeights(format_formula="mean"))
     assert legacy.format > 1.0 and format_compliance(legacy) == 1.0
-    # an answer outside the tags: think + balance 0.5, + 0.5 * 0.4 = 0.7
+    # an answer outside the tags: think 0.2 + 0.5 * 0.4 closed think + balance 0.1 = 0.5
     outside = compute_reward("<think>\nI compare the frames.</think> B", "B", "mcq")
-    assert format_compliance(outside) == pytest.approx(0.7)
+    assert format_compliance(outside) == pytest.approx(0.5)
+    # an unclosed think alone: -0.5 * 0.3, kept (the reference clips from above only)
+    unclosed = compute_reward("<think>\nI compare the frames and", "B", "mcq")
+    assert format_compliance(unclosed) == pytest.approx(0.2 - 0.15)
+    assert format_compliance(RewardBreakdown(total=-0.15, format=-0.15)) == -0.15
     assert format_compliance(RewardBreakdown(total=0.4, format=0.4)) == 0.4
