@@ -67,3 +67,20 @@ def test_format_compliance_is_r_fmt_in_unit_interval():
     assert format_compliance(unclosed) == pytest.approx(0.2 - 0.15)
     assert format_compliance(RewardBreakdown(total=-0.15, format=-0.15)) == -0.15
     assert format_compliance(RewardBreakdown(total=0.4, format=0.4)) == 0.4
+
+
+def test_drift_metrics_count_the_prior_tag_and_dropped_closers():
+    from paravt.rl.metrics import drift_metrics, dropped_closers
+
+    good = '<think>\nlook</think><tool_call>{"name": "crop_video"}</tool_call>'
+    reverted = "<think>\nlook</think><tool_code>crop_video(1, 5)"  # prior tag, unclosed
+    lost = "<think>\nI think the answer<answer>B"  # think and answer left open
+    assert [dropped_closers(t) for t in (good, reverted, lost)] == [0, 1, 2]
+    # </tool_code> without an opener is not the prior's tag and drops nothing
+    assert dropped_closers("</tool_code>") == 0
+    m = drift_metrics([good, reverted, lost, good + "<answer>B</answer>"])
+    assert m["drift/tag_reversion"] == pytest.approx(1 / 4)
+    assert m["drift/dropped_closers"] == pytest.approx(3 / 4)
+    assert m["drift/dropped_any"] == pytest.approx(2 / 4)
+    assert m["drift/no_answer"] == pytest.approx(3 / 4)
+    assert set(drift_metrics([]).values()) == {0.0}
