@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paravt.data.sft_writer",
         "write scripted-teacher needle trajectories in the ParaVT SFT schema",
     ),
+    "paradox-report": (
+        "paravt.modules.paradox_report",
+        "Tool Prior Paradox: Figure 4 and the f_tau / kappa table from run folders",
+    ),
     "rollout": (
         "paravt.agent.inspect",
         "run the agent on a few samples and print the trajectories",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,19 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> list[float]:
     run.datamodule.setup("fit")
     dm = run.datamodule
     agent = dm.connect(run.module)
-    losses = cold_start(
-        run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
-    )
+    if cfg.get("prior") is not None:  # a tool prior first; both stages cached (prior.py)
+        from paravt.modules.prior import prior_then_cold_start
+
+        parts = ("model", "cold_start", "data.generate", "rollout.agent", "rollout.crop")
+        key = {p: OmegaConf.to_container(OmegaConf.select(cfg, p), resolve=True) for p in parts}
+        losses = prior_then_cold_start(
+            run.module, agent, dm.train_samples, dm.eval_samples,
+            instantiate(cfg.prior), instantiate(cfg.cold_start), key,
+        )  # fmt: skip
+    else:
+        losses = cold_start(
+            run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+        )
     run.module.cold_start_losses = losses
     # An engine with its own weights (vLLM, or a stale-allowed copy) must see the new policy.
     run.datamodule.engine.sync_weights(run.module.policy, run.module.policy_version)
