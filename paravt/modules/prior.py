@@ -167,7 +167,7 @@ def prior_then_cold_start(
 
     key = cache_key({"prior": asdict(replace(prior, cache_dir="")), **key_parts})
     path = Path(prior.cache_dir) / key
-    probe = list(held_out)[: min(16, len(held_out))]
+    probe = list(held_out)[: min(8, len(held_out))]
     if (path / "state.pt").exists():
         payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         module.policy.load_state_dict(payload["policy"])

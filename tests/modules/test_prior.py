@@ -41,11 +41,11 @@ class _Host:
 def _agent(processor, policy):
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.rollout.hf import HFEngine
+    from paravt.rollout.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
-    engine = HFEngine(policy, processor)
-    cfg = AgentConfig(max_rounds=1, max_new_tokens=48, system="compact")
+    engine = TransformersEngine(policy, processor.tokenizer)
+    cfg = AgentConfig(max_rounds=1, max_new_tokens=96, system="compact")
     return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
 
 
@@ -64,13 +64,21 @@ def test_prior_stage_teaches_the_dialect_greedily(tiny, needle_samples):
 
     model, processor = tiny
     agent = _agent(processor, model)
-    greedy = SamplingParams(48, greedy=True)
-    assert dialect_rates(agent, needle_samples, 4, greedy)["tool_code"] == 0.0  # random model
+    greedy = SamplingParams(96, greedy=True)
+    prior_call = "<tool_code>\ncrop_video("  # the prior's tag AND its call syntax
+
+    def texts() -> list[str]:
+        trajs = agent.run(needle_samples, [4] * len(needle_samples), 1, greedy)
+        return [t.response_text for t in trajs]
+
+    # (the tiny vocabulary makes <tool_code> one token, which a random model may emit alone)
+    assert not any(prior_call in t for t in texts())
     cfg = PriorConfig(steps=60, tool_share=1.0, lr=3e-3, batch_size=4, budgets=(4,))
     losses = prior_stage(_Host(model, processor), agent, needle_samples, cfg)
     assert losses[-1] < 0.2 * losses[0]
+    # every greedy rollout of the prior writes the prior's dialect, none the project's tag
+    assert all(prior_call in t for t in texts())
     rates = dialect_rates(agent, needle_samples, 4, greedy)
-    # every greedy rollout of the prior writes the prior's tag, none the project's
     assert rates["tool_code"] == 1.0 and rates["tool_call"] == 0.0
 
 
