@@ -28,7 +28,7 @@ PAPER: tuple[tuple[str, str, float, float], ...] = (
 )
 COLD_START = ("after cold start", 0.13, 2.50)
 TAGS = ("f_tau", "kappa", "drift/tag_reversion", "drift/dropped_any")
-_SEED_RE = re.compile(r"_seed\d+$")
+_SEED_RE = re.compile(r"_seed(\d+|\$\{seed\})$")  # saved configs keep ${seed}
 Points = Sequence[tuple[float, float]]
 
 

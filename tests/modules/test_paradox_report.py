@@ -23,11 +23,17 @@ def _run(root, name: str, f_tau: list[float], kappa: list[float], reversion: flo
     return run
 
 
-def test_arm_name_and_mean_se():
+def test_arm_name_and_mean_se(tmp_path):
     from paravt.modules.paradox_report import arm_name, mean_se
+
+    run = tmp_path / "whatever"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("name: demo_prior_weak_seed${seed}  # one run\n")
+    assert arm_name(run) == "weak"
 
     assert arm_name("runs/demo_prior_no_tool_reward_seed12") == "no_tool_reward"
     assert arm_name("somewhere/custom_arm") == "custom_arm"
+    # Hydra saves the config unresolved: the name still holds ${seed}
     mean, se = mean_se([1.0, 2.0, 3.0])
     # sample std 1, se = 1 / sqrt(3)
     assert (mean, se) == (pytest.approx(2.0), pytest.approx(1 / math.sqrt(3)))
