@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paravt.run.recipe",
         "check train.py overrides against devices x nodes; print a per-GPU memory plan",
     ),
+    "paradox-report": (
+        "paravt.run.paradox_report",
+        "Tool Prior Paradox: Figure 4 and the f_tau / kappa table from run folders",
+    ),
     "rollout": (
         "paravt.run.inspect",
         "run the agent on a few samples and print the trajectories",

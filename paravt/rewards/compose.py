@@ -43,8 +43,10 @@ class RewardWeights:
     call_reward: float = 0.1
     response_reward: float = 0.3
     correct_bonus: float = 0.5
-    # "reference": R_fmt in [0, 1] as in the recipe; "mean": paravt's first, unclipped formula.
+    # "reference": the reference release's rules (format_reference.py); "credits": paravt's
+    # second formula (credit weights above, clip to [0, 1]); "mean": its first, unclipped one.
     format_formula: str = "reference"
+    answer_suffix: bool = True  # reference formula: the recipe's answer-suffix credits
 
     def __post_init__(self) -> None:
         if self.format_formula not in FORMULAS:
@@ -54,6 +56,13 @@ class RewardWeights:
             )
         for f in fields(self):
             if f.name == "format_formula":
+                continue
+            if f.name == "answer_suffix":
+                if not isinstance(self.answer_suffix, bool):
+                    raise ValueError(
+                        f"RewardWeights.answer_suffix must be true or false, "
+                        f"got {self.answer_suffix!r}"
+                    )
                 continue
             value = getattr(self, f.name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -90,6 +99,7 @@ def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
         unclosed_think_penalty=w.unclosed_think_penalty,
         min_think_chars=w.min_think_chars,
         formula=w.format_formula,
+        answer_suffix=w.answer_suffix,
     )
 
 

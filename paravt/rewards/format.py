@@ -3,7 +3,7 @@
 docs/method.md section 3. `format_reward` reads the WHOLE trajectory's own text (every turn, the
 forced `<think>\\n` prefix included) and returns every term in a frozen `FormatTerms`:
 
-    credits (0/1-valued, except balance):
+    credits of the "credits" and "mean" formulas (0/1-valued, except balance):
              think   - some think block holds >= min_think_chars non-blank characters
                        (an unclosed block counts up to the next tag: the spec credits a
                        substantive think, and the anchor's closed_think a closed one);
@@ -16,26 +16,29 @@ forced `<think>\\n` prefix included) and returns every term in a frozen `FormatT
              + flow_bonus              (0.3) if a closed think precedes a credited answer
              - unclosed_think_penalty  (0.3) if some `<think>` is opened and never closed
 
-Two formulas combine them (`formula=`, registry `FORMULAS`):
+Three formulas (`formula=`, registry `FORMULAS`, config `reward.format_formula`):
 
-    "reference" (default; the reference recipe, R_fmt in [0, 1] as in the paper):
-        base  = sum of weight * credit, FIXED credit weights 0.25 each (a perfect text earns 1)
-        total = clip(base + anchor_weight * anchor, 0, 1)        (anchor_weight = 0.5)
-        (the reference release clips at 1 only; the lower clip changes one case, an unclosed
-        think with no other credit, -0.15 -> 0, and keeps R_fmt in [0, 1] as the paper has it)
-    "mean" (paravt's first formula, kept for old runs): base = the weighted MEAN of the credits
-        (weights relative), total = base + anchor_weight * anchor, unclipped, so it spans
-        [-0.15, 1.35] with the defaults.
+    "reference" (default): the reference release's own rules (`format_reference.py`: think 0.2,
+        answer 0.3 + 0.2, anchor_weight x anchor, +0.3 think -> parseable tool call, +0.1
+        balanced tags, clipped at 1 from above only, so an unclosed think alone scores -0.15).
+        Here `order` means "a substantive think precedes a parseable tool call" and `balance`
+        "every tag pair (`<tool_code>` included) occurs as often opened as closed"; the credit
+        weights are not used. `answer_suffix=False` gives the reference's vanilla-GRPO credits.
+    "credits" (paravt's second formula): base = sum of weight * credit, fixed credit weights
+        0.25 each; total = clip(base + anchor_weight * anchor, 0, 1).
+    "mean" (paravt's first formula): base = the weighted MEAN of the credits (weights
+        relative), total = base + anchor_weight * anchor, unclipped ([-0.15, 1.35]).
 
-Reference scores this reproduces (tests/rewards/test_format.py): no think 0.5, an unclosed
-think (the forced `<think>` prefix, then the answer) 0.225, an answer outside the tags 0.7, a
-too-short think 0.9, only tool calls 0.95, a full think -> answer 1.0 (1.35 before the clip).
-The clip is what makes f_tau, the mean R_fmt of the training rollouts, comparable with the
-paper's figures (0.13 -> 0.64).
+Reference scores (tests/rewards/test_format_reference.py): no think, answer 0.6; forced
+`<think>` left open before the answer 0.5 - 0.15 = 0.35 (think too short) or 0.55; an
+answer outside the tags 0.2 + 0.2 + 0.1 = 0.5; a closed short think then the answer 0.5 + 0.1;
+a full think -> answer 1.0 (1.15 before the clip). f_tau is the mean R_fmt of the training
+rollouts (paper: 0.13 -> 0.64).
 
 This module deliberately does not touch tokens or log-probabilities: the token-level anchor of
-section 4(i) lives in `structural.py`. It does not parse tool-call JSON either: a `<tool_call>`
-block is judged by its tags only (validity is the agent parser's job and feeds R_tool).
+section 4(i) lives in `structural.py`. The "credits" and "mean" formulas judge a `<tool_call>`
+block by its tags only; the reference formula checks, as the reference does, that some call
+body parses (validity for running tools stays the agent parser's job and feeds R_tool).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+
+from paravt.rewards.format_reference import reference_indicators, reference_total
 
 _TAG_RE = re.compile(r"<(/?)(think|tool_call|answer)>")
 PAIRED_TAGS: tuple[str, ...] = ("think", "tool_call", "answer")
@@ -158,16 +163,16 @@ def _indicators(text: str, min_think_chars: int) -> dict[str, float]:
     }
 
 
-def _reference_total(
-    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float
+def _credits_total(
+    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float, **_: object
 ) -> tuple[float, float]:
-    """Reference recipe: fixed-weight sum of the credits plus the anchor term, clipped to [0, 1]."""
+    """paravt's second formula: fixed-weight sum of the credits plus the anchor, clip to [0, 1]."""
     base = sum(w * credits[name] for name, w in weights.items())
     return base, min(1.0, max(0.0, base + anchor))
 
 
 def _mean_total(
-    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float
+    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float, **_: object
 ) -> tuple[float, float]:
     """paravt's first formula: weighted mean of the credits plus the anchor term, unclipped."""
     weight_sum = sum(weights.values())
@@ -175,11 +180,27 @@ def _mean_total(
     return base, base + anchor
 
 
-FORMULAS: dict[
-    str, Callable[[Mapping[str, float], Mapping[str, float], float], tuple[float, float]]
-] = {
-    "reference": _reference_total,
-    "mean": _mean_total,
+def _reference_total(
+    credits: Mapping[str, float], weights: Mapping[str, float], anchor: float, **kw: object
+) -> tuple[float, float]:
+    """The reference release's rules (format_reference.py); credit weights do not apply."""
+    return reference_total(
+        dict(credits), str(kw["text"]), anchor, answer_suffix=bool(kw["answer_suffix"])
+    )
+
+
+@dataclass(frozen=True)
+class Formula:
+    """One R_fmt formula: how it reads a text, and how it adds the reading up."""
+
+    indicators: Callable[[str, int], dict[str, float]]
+    total: Callable[..., tuple[float, float]]
+
+
+FORMULAS: dict[str, Formula] = {
+    "reference": Formula(reference_indicators, _reference_total),
+    "credits": Formula(_indicators, _credits_total),
+    "mean": Formula(_indicators, _mean_total),
 }
 
 
@@ -196,6 +217,7 @@ def format_reward(
     unclosed_think_penalty: float = 0.3,
     min_think_chars: int = 10,
     formula: str = "reference",
+    answer_suffix: bool = True,
 ) -> FormatTerms:
     """R_fmt of a whole trajectory's text, every term included (see the module docstring)."""
     if formula not in FORMULAS:
@@ -216,13 +238,16 @@ def format_reward(
         flow_bonus=flow_bonus,
         unclosed_think_penalty=unclosed_think_penalty,
     )
-    ind = _indicators(text, min_think_chars)
+    chosen = FORMULAS[formula]
+    ind = chosen.indicators(text, min_think_chars)
     anchor = (
         closed_think_bonus * ind["closed_think"]
         + flow_bonus * ind["flow"]
         - unclosed_think_penalty * ind["unclosed_think"]
     )
-    base, total = FORMULAS[formula](ind, weights, anchor_weight * anchor)
+    base, total = chosen.total(
+        ind, weights, anchor_weight * anchor, text=text, answer_suffix=answer_suffix
+    )
     return FormatTerms(**ind, base=base, anchor=anchor, total=total)
 
 

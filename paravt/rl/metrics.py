@@ -2,7 +2,9 @@
 
 f_tau: mean format reward of a batch of training rollouts (format compliance at temperature 0.7).
 kappa: mean number of tool calls per rollout. `per_budget` splits any per-rollout value by the
-frame budget of its prompt. Empty input gives 0.0, never NaN.
+frame budget of its prompt. `drift_metrics`: the format-drift shares of the Tool Prior Paradox
+(the prior's `<tool_code>` tag, dropped closing tags, missing answers). Empty input gives 0.0,
+never NaN.
 
 This module deliberately does not compute the format reward itself (paravt/rewards/) nor log
 anything; it reduces numbers to numbers.
@@ -21,13 +23,14 @@ Values = Sequence[float] | Sequence[int] | Tensor
 
 
 def format_compliance(reward: RewardBreakdown) -> float:
-    """The per-rollout value f_tau averages: R_fmt itself, anchor bonus included, in [0, 1].
+    """The per-rollout value f_tau averages: R_fmt itself, anchor bonus included, at most 1.
 
-    With the reference formula (`paravt.rewards.format`) R_fmt already lies in [0, 1], as the
-    paper's does, so f_tau compares with its 0.03-0.85; the legacy "mean" formula can leave
-    [0, 1] and is clipped here to stay comparable.
+    With the reference formula (`paravt.rewards.format`) R_fmt is the reference release's own
+    (<= 1; -0.15 for an unclosed think alone, kept, as the reference keeps it), so f_tau
+    compares with the paper's 0.13-0.64; the legacy "mean" formula's values above 1 are
+    clipped here to stay comparable.
     """
-    return min(1.0, max(0.0, float(reward.format)))
+    return min(1.0, float(reward.format))
 
 
 def _as_flat(values: Values) -> Tensor:  # [N] float64
@@ -61,3 +64,40 @@ def per_budget(
             f"values ({x.numel()}) and budgets ({k.numel()}) need one entry per rollout each"
         )
     return {int(b): float(x[k == b].mean()) for b in sorted(set(k.tolist()))}
+
+
+# The prior's dialect: a pretrained tool prior writes `<tool_code>` where the recipe wants
+# `<tool_call>` (the "tag reversion" of the Tool Prior Paradox, PARAVT section 7).
+PRIOR_TAG = "<tool_code>"
+_PAIRS = (("<think>", "</think>"), ("<tool_call>", "</tool_call>"), (PRIOR_TAG, "</tool_code>"))
+_PAIRS += (("<answer>", "</answer>"),)
+DRIFT_KEYS = ("tag_reversion", "dropped_closers", "dropped_any", "no_answer")
+
+
+def dropped_closers(text: str) -> int:
+    """Closing tags missing from one text: sum over the tag pairs of max(0, opens - closes)."""
+    return sum(max(0, text.count(o) - text.count(c)) for o, c in _PAIRS)
+
+
+def drift_metrics(texts: Sequence[str]) -> dict[str, float]:
+    """Per-step format-drift shares of the training rollouts (0.0 each for an empty batch).
+
+    tag_reversion: share of rollouts holding the prior's `<tool_code>`; dropped_closers: mean
+    number of missing closing tags per rollout; dropped_any: share with at least one;
+    no_answer: share without a closed `<answer>...</answer>`.
+    """
+    n = len(texts)
+    if not n:
+        return {f"drift/{k}": 0.0 for k in DRIFT_KEYS}
+    dropped = [dropped_closers(t) for t in texts]
+    return {
+        "drift/tag_reversion": sum(PRIOR_TAG in t for t in texts) / n,
+        "drift/dropped_closers": sum(dropped) / n,
+        "drift/dropped_any": sum(d > 0 for d in dropped) / n,
+        "drift/no_answer": sum(not _closed_answer(t) for t in texts) / n,
+    }
+
+
+def _closed_answer(text: str) -> bool:
+    start = text.find("<answer>")
+    return start >= 0 and text.find("</answer>", start) >= 0

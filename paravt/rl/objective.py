@@ -27,7 +27,7 @@ from paravt.rl.advantages import (
     zero_variance_groups,
 )
 from paravt.rl.losses import kl_loss
-from paravt.rl.metrics import f_tau, format_compliance, kappa
+from paravt.rl.metrics import drift_metrics, f_tau, format_compliance, kappa
 from paravt.rl.microbatch import MicroWeights
 from paravt.rl.mismatch import policy_loss
 from paravt.types import RewardBreakdown, Trajectory
@@ -115,6 +115,7 @@ def rollout_metrics(
         "rollout/length": sum(len(t.token_ids) for t in trajs) / n,
         "rollout/truncated": sum(t.truncated for t in trajs) / n,
         "rollout/valid_call_share": sum(t.num_valid_calls for t in trajs) / max(calls.sum(), 1),
+        **drift_metrics([t.response_text for t in trajs]),
     }
     return {k: float(v) for k, v in out.items()}
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from paravt.run.loggers import build_loggers, record_run
 from paravt.run.run_dirs import shown
@@ -116,13 +116,23 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
     run.datamodule.setup("fit")
     dm = run.datamodule
     agent = dm.connect(run.module)
-    result = cached_cold_start(  # a sweep's jobs share one identical cold start
-        cfg,
-        run.module,
-        lambda: cold_start(
-            run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
-        ),  # it syncs the engine with the new weights before measuring anything
-    )
+    if cfg.get("prior") is not None:  # a tool prior first; both stages cached (prior.py)
+        from paravt.run.prior import prior_then_cold_start
+
+        parts = ("model", "cold_start", "data.generate", "rollout.agent", "rollout.crop")
+        key = {p: OmegaConf.to_container(OmegaConf.select(cfg, p), resolve=True) for p in parts}
+        result = prior_then_cold_start(
+            run.module, agent, dm.train_samples, dm.eval_samples,
+            instantiate(cfg.prior), instantiate(cfg.cold_start), key,
+        )  # fmt: skip
+    else:
+        result = cached_cold_start(  # a sweep's jobs share one identical cold start
+            cfg,
+            run.module,
+            lambda: cold_start(
+                run.module, dm.train_samples, instantiate(cfg.cold_start), agent, dm.eval_samples
+            ),  # it syncs the engine with the new weights before measuring anything
+        )
     if result.cached:  # an engine with its own weights (vLLM, a stale-allowed copy) needs them
         dm.engine.sync_weights(run.module.policy, run.module.policy_version)
     return replace(run, cold_start=result)

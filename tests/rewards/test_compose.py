@@ -37,7 +37,7 @@ def test_wrong_tool_free_trajectory() -> None:
     assert r.total == pytest.approx(1.0)
     legacy = compute_reward(GOOD, "C", "mcq", weights=RewardWeights(format_formula="mean"))
     assert legacy.total == pytest.approx(1.35)
-    with pytest.raises(ValueError, match="format_formula must be one of reference, mean"):
+    with pytest.raises(ValueError, match="format_formula must be one of reference, credits, mean"):
         RewardWeights(format_formula="clipped")
 
 
@@ -87,9 +87,9 @@ def test_forced_prefix_is_part_of_the_text() -> None:
     own_text = "<think>\nThe red square is at 12 s.</think><answer>B</answer>"
     dropped = own_text.removeprefix("<think>\n")
     assert compute_reward(own_text, "B", "mcq").format == pytest.approx(1.0)
-    # dropped: think 0 (stray closer, no block), answer 1, order 0, balance 1/2 (stray
-    # </think>) -> base 0.25 * (0 + 1 + 0 + 0.5) = 0.375; anchor 0
-    assert compute_reward(dropped, "B", "mcq").format == pytest.approx(0.375)
+    # dropped (reference formula): no <think> -> no think credit, no anchor; answer 0.3 + 0.2;
+    # one </think> against no <think> -> no balance bonus: 0.5
+    assert compute_reward(dropped, "B", "mcq").format == pytest.approx(0.5)
 
 
 def test_user_rewards_get_the_input_and_their_weight() -> None:
@@ -190,6 +190,7 @@ def test_never_raises_never_nan(
     )
     assert math.isfinite(r.total)
     assert all(math.isfinite(v) for v in r.components.values())
-    # Bounds with the default weights: R_acc in [0, 1], R_fmt in [0, 1], R_tool in [0, 0.8]
-    assert 0.0 <= r.format <= 1.0
-    assert -1e-9 <= r.total <= 2.8 + 1e-9
+    # Bounds with the default weights: R_acc in [0, 1], R_fmt in [-0.15, 1] (the reference
+    # clips from above only), R_tool in [0, 0.8]
+    assert -0.15 - 1e-9 <= r.format <= 1.0
+    assert -0.15 - 1e-9 <= r.total <= 2.8 + 1e-9

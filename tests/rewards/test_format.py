@@ -1,12 +1,19 @@
-"""format_reward terms and the degenerate-completion guard."""
+"""format_reward terms of paravt's "credits" and "mean" formulas, and the degenerate guard.
+
+The default, the reference release's formula, is tested in test_format_reference.py.
+"""
 
 import math
+from functools import partial
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paravt.rewards.format import FormatTerms, format_reward, is_degenerate
+
+# paravt's second formula (the default before the reference release's rules).
+credits = partial(format_reward, formula="credits")
 
 GOOD = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
 TOOL = (
@@ -18,19 +25,19 @@ TOOL = (
 
 
 def test_perfect_single_turn() -> None:
-    terms = format_reward(GOOD)
+    terms = credits(GOOD)
     assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 1.0, 1.0, 1.0)
     assert terms.base == 1.0
     assert (terms.closed_think, terms.flow, terms.unclosed_think) == (1.0, 1.0, 0.0)
     # anchor = 0.4 + 0.3 = 0.7; total = clip(1 + 0.5 * 0.7 = 1.35) = 1.0
     assert terms.anchor == pytest.approx(0.7)
     assert terms.total == 1.0
-    assert format_reward(GOOD, formula="mean").total == pytest.approx(1.35)
+    assert credits(GOOD, formula="mean").total == pytest.approx(1.35)
 
 
 THOUGHT = "I compare the overview frames and the crop."
-REFERENCE_SCORES = {
-    # The reference recipe's R_fmt of typical completions (issue 12). Hand computation with
+CREDITS_SCORES = {
+    # The "credits" formula's R_fmt of typical completions. Hand computation with
     # credit weights 0.25, anchor weight 0.5, clip to [0, 1]:
     "no think": ("<answer>B</answer>", 0.5),  # answer + balance = 0.5
     # the forced prefix left open, then the answer: answer 0.25 + balance 0.5 * 0.25
@@ -49,19 +56,19 @@ REFERENCE_SCORES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(REFERENCE_SCORES))
-def test_reference_recipe_scores(case: str) -> None:
-    text, expected = REFERENCE_SCORES[case]
-    assert format_reward(text).total == pytest.approx(expected)
+@pytest.mark.parametrize("case", sorted(CREDITS_SCORES))
+def test_credits_formula_scores(case: str) -> None:
+    text, expected = CREDITS_SCORES[case]
+    assert credits(text).total == pytest.approx(expected)
 
 
 def test_perfect_multi_turn_with_parallel_calls() -> None:
-    assert format_reward(TOOL).total == 1.0
+    assert credits(TOOL).total == 1.0
 
 
 def test_tool_call_before_any_think_loses_order() -> None:
     text = '<tool_call>{"name": "crop_video"}</tool_call>\n<think>\nNow it is clear.</think>'
-    terms = format_reward(text + "<answer>B</answer>")
+    terms = credits(text + "<answer>B</answer>")
     assert terms.order == 0.0
     # think 1, answer 1, order 0, balance 1 -> base 3/4; anchor 0.4 + 0.3 (think precedes answer)
     assert terms.base == pytest.approx(0.75)
@@ -69,7 +76,7 @@ def test_tool_call_before_any_think_loses_order() -> None:
 
 
 def test_unclosed_think_penalty() -> None:
-    terms = format_reward("<think>\nI keep thinking forever <answer>B</answer>")
+    terms = credits("<think>\nI keep thinking forever <answer>B</answer>")
     # think content runs to the next tag: "I keep thinking forever" >= 10 chars -> think 1;
     # answer 1; order 0 (no closed think before the answer); balance: think unbalanced,
     # answer balanced -> 1/2. base = 0.25 * (1 + 1 + 0 + 0.5) = 0.625
@@ -79,49 +86,49 @@ def test_unclosed_think_penalty() -> None:
     assert (terms.closed_think, terms.flow, terms.unclosed_think) == (0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.475)
     # The penalty alone would go below 0: clipped, R_fmt stays in [0, 1].
-    assert format_reward("<think>\nhm").total == 0.0
-    assert format_reward("<think>\nhm", formula="mean").total == pytest.approx(-0.15)
+    assert credits("<think>\nhm").total == 0.0
+    assert credits("<think>\nhm", formula="mean").total == pytest.approx(-0.15)
 
 
 def test_short_think_is_not_substantive() -> None:
-    terms = format_reward("<think>\nok</think><answer>B</answer>")
+    terms = credits("<think>\nok</think><answer>B</answer>")
     # "ok" < 10 chars: think 0, closed_think 0; flow still 1 (closed think precedes answer)
     # base = 0.25 * (0 + 1 + 1 + 1) = 0.75; anchor 0.3; total = 0.75 + 0.15 = 0.9
     assert (terms.think, terms.closed_think, terms.flow) == (0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.9)
     # exactly 10 characters counts (the boundary is >=)
-    assert format_reward("<think>0123456789</think>").think == 1.0
-    assert format_reward("<think>012345678</think>").think == 0.0
+    assert credits("<think>0123456789</think>").think == 1.0
+    assert credits("<think>012345678</think>").think == 0.0
 
 
 def test_empty_answer_gets_no_answer_credit_nor_flow() -> None:
-    terms = format_reward("<think>\nlong enough thought</think><answer>  </answer>")
+    terms = credits("<think>\nlong enough thought</think><answer>  </answer>")
     assert (terms.answer, terms.flow) == (0.0, 0.0)
 
 
 def test_drifted_tool_code_and_missing_closers() -> None:
     text = "<think>\nLet me crop the video.</think>\n<tool_code>crop_video(1, 2)</tool_code>"
-    terms = format_reward(text)
+    terms = credits(text)
     # <tool_code> is not a tool call and there is no answer: no action -> order 0;
     # think 1, answer 0, balance 1 (only think present, balanced) -> base 0.25 * 2 = 0.5
     assert (terms.think, terms.answer, terms.order, terms.balance) == (1.0, 0.0, 0.0, 1.0)
     assert terms.total == pytest.approx(0.5 + 0.5 * 0.4)
-    unclosed_call = format_reward("<think>\nLet me crop it.</think><tool_call>{")
+    unclosed_call = credits("<think>\nLet me crop it.</think><tool_call>{")
     # think balanced, tool_call unbalanced -> balance 1/2; order 1 (closed think first)
     assert (unclosed_call.balance, unclosed_call.order) == (0.5, 1.0)
 
 
 def test_balance_details() -> None:
     # A stray closer and a nested opener both unbalance their pair.
-    assert format_reward("</think><answer>B</answer>").balance == pytest.approx(0.5)
-    assert format_reward("<answer><answer>B</answer>").balance == 0.0
+    assert credits("</think><answer>B</answer>").balance == pytest.approx(0.5)
+    assert credits("<answer><answer>B</answer>").balance == 0.0
     # No tags at all: no balance credit (tag-free text is not well formatted).
-    assert format_reward("just text").balance == 0.0
-    assert format_reward("").total == 0.0
+    assert credits("just text").balance == 0.0
+    assert credits("").total == 0.0
 
 
 def test_weights_are_parameters() -> None:
-    terms = format_reward(
+    terms = credits(
         "<think>\nok</think><answer>B</answer>",
         think_weight=0.5,
         answer_weight=0.25,
@@ -134,7 +141,7 @@ def test_weights_are_parameters() -> None:
     assert terms.base == pytest.approx(0.5)
     assert terms.total == pytest.approx(0.75)
     # The "mean" formula normalises the weights: (0.25 + 0.25) / 1.0 = 0.5, + 0.25 unclipped.
-    legacy = format_reward(
+    legacy = credits(
         "<think>\nok</think><answer>B</answer>",
         think_weight=2.0,
         answer_weight=1.0,
@@ -147,17 +154,17 @@ def test_weights_are_parameters() -> None:
     # base = (2*0 + 1*1 + 0*1 + 1*1) / 4 = 0.5; anchor = 0.5 (flow only); total = 0.5 + 1*0.5
     assert (legacy.base, legacy.total) == pytest.approx((0.5, 1.0))
     with pytest.raises(ValueError, match="unknown format formula 'sum'"):
-        format_reward(GOOD, formula="sum")
-    zero = format_reward(GOOD, think_weight=0, answer_weight=0, order_weight=0, balance_weight=0)
+        credits(GOOD, formula="sum")
+    zero = credits(GOOD, think_weight=0, answer_weight=0, order_weight=0, balance_weight=0)
     assert zero.base == 0.0
     with pytest.raises(ValueError, match="order_weight must be a finite number >= 0"):
-        format_reward(GOOD, order_weight=-1.0)
+        credits(GOOD, order_weight=-1.0)
     with pytest.raises(ValueError, match="anchor_weight"):
-        format_reward(GOOD, anchor_weight=math.nan)
+        credits(GOOD, anchor_weight=math.nan)
 
 
 def test_as_dict_has_every_term() -> None:
-    d = format_reward(GOOD).as_dict()
+    d = credits(GOOD).as_dict()
     assert d["format/total"] == 1.0
     assert len(d) == len(FormatTerms.__dataclass_fields__) == 10
 
@@ -220,12 +227,17 @@ _TAGGY = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(text=st.one_of(st.text(max_size=300), _TAGGY))
 def test_format_reward_is_total_and_bounded(text: str) -> None:
-    terms = format_reward(text)
+    terms = credits(text)
     values = list(terms.as_dict().values())
     assert all(math.isfinite(v) for v in values)
     assert 0.0 <= terms.base <= 1.0
     assert 0.0 <= terms.total <= 1.0  # R_fmt in [0, 1], as in the paper
-    legacy = format_reward(text, formula="mean")
+    legacy = credits(text, formula="mean")
     # the legacy total lies in [-0.5 * 0.3, 1 + 0.5 * 0.7]
     assert -0.15 - 1e-9 <= legacy.total <= 1.35 + 1e-9
     assert isinstance(is_degenerate(text), bool)
+    reference = format_reward(text)  # clipped at 1 from above only
+    assert -0.15 - 1e-9 <= reference.total <= 1.0
+    assert reference.total == min(1.0, reference.base + reference.anchor * 0.5) or (
+        abs(reference.total - min(1.0, reference.base + 0.5 * reference.anchor)) < 1e-9
+    )

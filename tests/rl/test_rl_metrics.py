@@ -55,11 +55,32 @@ def test_format_compliance_is_r_fmt_in_unit_interval():
     from paravt.types import RewardBreakdown
 
     good = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
-    # f_tau averages R_fmt itself, anchor included, clipped to [0, 1] (1 + 0.5 * 0.7 -> 1).
+    # f_tau averages R_fmt itself, anchor included, clipped at 1 (0.7 + 0.35 + 0.1 -> 1).
     assert format_compliance(compute_reward(good, "B", "mcq")) == 1.0
     legacy = compute_reward(good, "B", "mcq", weights=RewardWeights(format_formula="mean"))
     assert legacy.format > 1.0 and format_compliance(legacy) == 1.0
-    # an answer outside the tags: think + balance 0.5, + 0.5 * 0.4 = 0.7
+    # an answer outside the tags: think 0.2 + 0.5 * 0.4 closed think + balance 0.1 = 0.5
     outside = compute_reward("<think>\nI compare the frames.</think> B", "B", "mcq")
-    assert format_compliance(outside) == pytest.approx(0.7)
+    assert format_compliance(outside) == pytest.approx(0.5)
+    # an unclosed think alone: -0.5 * 0.3, kept (the reference clips from above only)
+    unclosed = compute_reward("<think>\nI compare the frames and", "B", "mcq")
+    assert format_compliance(unclosed) == pytest.approx(0.2 - 0.15)
+    assert format_compliance(RewardBreakdown(total=-0.15, format=-0.15)) == -0.15
     assert format_compliance(RewardBreakdown(total=0.4, format=0.4)) == 0.4
+
+
+def test_drift_metrics_count_the_prior_tag_and_dropped_closers():
+    from paravt.rl.metrics import drift_metrics, dropped_closers
+
+    good = '<think>\nlook</think><tool_call>{"name": "crop_video"}</tool_call>'
+    reverted = "<think>\nlook</think><tool_code>crop_video(1, 5)"  # prior tag, unclosed
+    lost = "<think>\nI think the answer<answer>B"  # think and answer left open
+    assert [dropped_closers(t) for t in (good, reverted, lost)] == [0, 1, 2]
+    # </tool_code> without an opener is not the prior's tag and drops nothing
+    assert dropped_closers("</tool_code>") == 0
+    m = drift_metrics([good, reverted, lost, good + "<answer>B</answer>"])
+    assert m["drift/tag_reversion"] == pytest.approx(1 / 4)
+    assert m["drift/dropped_closers"] == pytest.approx(3 / 4)
+    assert m["drift/dropped_any"] == pytest.approx(2 / 4)
+    assert m["drift/no_answer"] == pytest.approx(3 / 4)
+    assert set(drift_metrics([]).values()) == {0.0}

@@ -1,0 +1,213 @@
+"""`paravt paradox-report RUN_DIRS...`: the paper's Figure 4 and f_tau / kappa table, ours beside.
+
+Each run folder (`runs/demo_prior_<arm>_seed<N>`) holds the TensorBoard scalars its training
+logged; the arm is the folder's (or its `.hydra/config.yaml` name's) text before `_seed<N>`. Per
+arm, f_tau and kappa are averaged over the last `last` logged steps of each seed, then reduced to
+mean +- standard error over seeds; "after cold start" pools every run's first logged step (the
+rollouts of the cold-start policy). The figure draws f_tau and kappa over steps, one line per arm
+with a band of +- one standard error over seeds. Pure reductions (`arm_series`, `table_rows`) are
+kept apart from reading and drawing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# (arm, paper label, paper f_tau, paper kappa): ParaVT paper, Qwen3-VL-8B (weak prior: Qwen2.5-VL)
+PAPER: tuple[tuple[str, str, float, float], ...] = (
+    ("grpo", "vanilla GRPO", 0.13, 0.02),
+    ("paragrpo", "PARA-GRPO", 0.41, 0.21),
+    ("anchoring_only", "anchoring only", 0.35, 0.19),
+    ("gating_only", "budget gating only", 0.10, 1.36),
+    ("no_tool_reward", "PARA-GRPO without R_tool", 0.33, 0.04),
+    ("weak", "weak prior (Qwen2.5-VL)", 0.85, 0.0),
+)
+COLD_START = ("after cold start", 0.13, 2.50)
+TAGS = ("f_tau", "kappa", "drift/tag_reversion", "drift/dropped_any")
+_SEED_RE = re.compile(r"_seed(\d+|\$\{seed\})$")  # saved configs keep ${seed}
+Points = Sequence[tuple[float, float]]
+
+
+def arm_name(run_dir: str | Path) -> str:
+    """`demo_prior_grpo_seed3` -> `grpo` (the config's `name` when the folder has one)."""
+    path = Path(run_dir)
+    name = path.name
+    config = path / ".hydra" / "config.yaml"
+    if config.exists():
+        match = re.search(r"^name:\s*(\S+)", config.read_text(), re.MULTILINE)
+        name = match.group(1) if match else name
+    return _SEED_RE.sub("", name).removeprefix("demo_prior_")
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (sample std / sqrt(n); 0 for one value). Empty: (nan, nan)."""
+    n = len(values)
+    if not n:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def tail_mean(points: Points, last: int) -> float:
+    """Mean value of the last `last` points (by step); nan when none were logged."""
+    tail = sorted(points)[-last:]
+    return sum(v for _, v in tail) / len(tail) if tail else math.nan
+
+
+def arm_series(seeds: Sequence[Points]) -> list[tuple[float, float, float]]:
+    """(step, mean, se) over the seeds that logged each step."""
+    by_step: dict[float, list[float]] = {}
+    for points in seeds:
+        for step, value in points:
+            by_step.setdefault(step, []).append(value)
+    return [(step, *mean_se(vals)) for step, vals in sorted(by_step.items())]
+
+
+def table_rows(
+    runs: Mapping[str, Sequence[Mapping[str, Points]]], last: int
+) -> list[tuple[str, int, dict[str, tuple[float, float]], float, float]]:
+    """(label, seeds, {tag: (mean, se)}, paper f_tau, paper kappa) per row, the cold start
+    first. `runs`: arm -> one {tag: points} per seed."""
+    first = [
+        {tag: sorted(scalars[tag])[0][1] for tag in TAGS if scalars.get(tag)}
+        for seeds in runs.values()
+        for scalars in seeds
+    ]
+    cold = {tag: mean_se([f[tag] for f in first if tag in f]) for tag in TAGS}
+    rows = [(COLD_START[0], len(first), cold, COLD_START[1], COLD_START[2])]
+    known = {arm for arm, *_ in PAPER}
+    order = [(a, lab, f, k) for a, lab, f, k in PAPER if a in runs]
+    order += [(a, a, math.nan, math.nan) for a in sorted(runs) if a not in known]
+    for arm, label, paper_f, paper_k in order:
+        seeds = runs[arm]
+        stats = {
+            tag: mean_se([tail_mean(s.get(tag, []), last) for s in seeds if s.get(tag)])
+            for tag in TAGS
+        }
+        rows.append((label, len(seeds), stats, paper_f, paper_k))
+    return rows
+
+
+def _cell(stat: tuple[float, float]) -> str:
+    mean, se = stat
+    return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {se:.3f}"
+
+
+def format_table(rows, last: int) -> str:
+    """A Markdown table: paper's f_tau / kappa beside ours (mean +- se over seeds)."""
+    head = (
+        f"| run | seeds | paper f_tau | ours f_tau (last {last} steps) | paper kappa | ours kappa "
+        "| ours tag reversion | ours dropped closing tags |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    for label, n, stats, paper_f, paper_k in rows:
+        pf = "" if math.isnan(paper_f) else f"{paper_f:.2f}"
+        pk = "" if math.isnan(paper_k) else f"{paper_k:.2f}"
+        cells = [_cell(stats[t]) for t in TAGS]
+        lines.append(
+            f"| {label} | {n} | {pf} | {cells[0]} | {pk} | {cells[1]} | {cells[2]} | {cells[3]} |"
+        )
+    return "\n".join(lines)
+
+
+_COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))
+_COLOURS += ((140, 86, 75),)
+
+
+def band_panel(series: Mapping[str, Sequence[tuple[float, float, float]]], title: str, size):
+    """A PIL image: one line per arm over steps, a lighter band of +- se around it."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img, "RGBA")
+    width, height = size
+    left, right, top, bottom = 60, width - 20, 40, height - 40
+    draw.text((left, 10), title, fill="black")
+    draw.rectangle((left, top, right, bottom), outline="black")
+    pts = [p for s in series.values() for p in s]
+    if not pts:
+        draw.text((left + 10, top + 10), "no data logged", fill="black")
+        return img
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] - p[2] for p in pts), max(p[1] + p[2] for p in pts)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    for value, y in ((y1, top), (y0, bottom)):
+        draw.text((5, y - 6), f"{value:.3g}", fill="black")
+    draw.text((left, bottom + 8), f"step {x0:g}", fill="black")
+    draw.text((right - 70, bottom + 8), f"step {x1:g}", fill="black")
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return (
+            left + (x - x0) / (x1 - x0) * (right - left),
+            bottom - (y - y0) / (y1 - y0) * (bottom - top),
+        )
+
+    for i, (name, s) in enumerate(series.items()):
+        colour = _COLOURS[i % len(_COLOURS)]
+        upper = [at(x, m + e) for x, m, e in s]
+        lower = [at(x, m - e) for x, m, e in reversed(s)]
+        if len(s) > 1:
+            draw.polygon(upper + lower, fill=(*colour, 50))
+            draw.line([at(x, m) for x, m, _ in s], fill=colour, width=2)
+        draw.text((left + 10 + 110 * i, top + 6), name, fill=colour)
+    return img
+
+
+def figure(runs: Mapping[str, Sequence[Mapping[str, Points]]], out: str | Path) -> Path:
+    """Figure 4: f_tau and kappa over steps side by side, one line (and seed band) per arm."""
+    from PIL import Image
+
+    size = (max(640, 120 * len(runs) + 80), 400)
+    panels = [
+        band_panel(
+            {arm: arm_series([s.get(tag, []) for s in seeds]) for arm, seeds in runs.items()},
+            f"{tag} over RL steps (mean +- se over seeds)",
+            size,
+        )
+        for tag in ("f_tau", "kappa")
+    ]
+    img = Image.new("RGB", (size[0] * 2, size[1]), "white")
+    for i, panel in enumerate(panels):
+        img.paste(panel, (i * size[0], 0))
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path
+
+
+def load_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[dict[str, Points]]]:
+    """arm -> one {tag: points} per run folder (read from its TensorBoard event files)."""
+    from paravt.run.curves import read_scalars
+
+    runs: dict[str, list[dict[str, Points]]] = {}
+    for run in run_dirs:
+        if not Path(run).is_dir():
+            raise SystemExit(f"paradox-report: {run} is not a run folder (runs/demo_prior_*)")
+        scalars = read_scalars(run)
+        if not scalars.get("f_tau"):
+            raise SystemExit(f"paradox-report: {run} logged no f_tau (did its training run?)")
+        runs.setdefault(arm_name(run), []).append(scalars)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="paravt paradox-report", description=__doc__)
+    parser.add_argument("runs", nargs="+", help="run folders, e.g. runs/demo_prior_*_seed*")
+    parser.add_argument("--out", default="paradox_figure4.png", help="the figure's PNG path")
+    parser.add_argument("--last", type=int, default=10, help="steps averaged per seed")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.runs)
+    print(format_table(table_rows(runs, args.last), args.last))
+    print(f"figure: {figure(runs, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""A tool prior for the tiny model, then the cold start, built once and cached by their config.
+
+The Tool Prior Paradox (docs/demo.md) needs a policy with tool habits of its own, the way a
+pretrained Qwen3-VL has them. `prior_stage` gives the tiny model such a prior: supervised steps on
+tool-using text in a competing dialect (its own tag `<tool_code>`, a Python-call syntax
+`crop_video(start, end)`, eager tool use on every prompt; `tool_share` of the corpus, the rest
+direct answers). The short cold start on the project's `<tool_call>` format then runs on top of
+it (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is
+the experiment's knob; `steps=0` is the weak-prior contrast (no prior stage).
+
+`prior_then_cold_start` caches the policy after both stages under `cache_dir/<key>`, the key a
+hash of every config that shapes them (model, prior, cold start, data, agent, crop), so the arms
+of one experiment and their reruns share one prior and one cold start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from paravt.agent.loop import AgentLoop
+from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
+from paravt.rl.metrics import PRIOR_TAG
+from paravt.rollout.engine import SamplingParams
+from paravt.rollout.scripted import ScriptedEngine
+from paravt.types import Sample, Trajectory
+
+if TYPE_CHECKING:
+    from paravt.run.coldstart import ColdStartResult
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 2  # bump when the stages change what they train
+_CALL_RE = re.compile(r"<tool_call>(\{.*?\})</tool_call>", re.DOTALL)
+PRIOR_THOUGHT = "Let me look closer at the video first."
+
+
+@dataclass(frozen=True)
+class PriorConfig:
+    steps: int = 150  # supervised steps on the prior's corpus (0: no prior stage)
+    tool_share: float = 1.0  # share of prior-dialect tool-use text (the rest: direct answers)
+    lr: float = 3e-3
+    batch_size: int = 8
+    budgets: tuple[int, ...] = (2, 4)
+    train_vision: bool = True  # a pretraining stage trains the whole (random) model
+    seed: int = 0
+    cache_dir: str = "artifacts/prior_cache"
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or not 0.0 <= self.tool_share <= 1.0:
+            raise ValueError(
+                f"prior.steps must be >= 0 and prior.tool_share in [0, 1], got steps="
+                f"{self.steps}, tool_share={self.tool_share}"
+            )
+
+
+def prior_dialect(text: str) -> str:
+    """The prior's version of one teacher turn: each `<tool_call>` JSON call becomes a line
+    `crop_video(start, end)` in one `<tool_code>` block, after the prior's own thought."""
+    calls = []
+    for body in _CALL_RE.findall(text):
+        args = json.loads(body).get("arguments", {})
+        calls.append(f"crop_video({args.get('start_time')}, {args.get('end_time')})")
+    if not calls:
+        return text
+    return f"{PRIOR_THOUGHT}</think>\n{PRIOR_TAG}\n" + "\n".join(calls) + "\n</tool_code>"
+
+
+def prior_teacher(samples: Sequence[Sample], plan: dict[str, str]) -> Callable[[str], str]:
+    """The needle teacher with its tool turns rewritten into the prior's dialect. The agent
+    parses no `<tool_code>` call, so a tool-using trajectory of the prior is that one turn."""
+    respond = needle_teacher(samples, "search", plan)
+    return lambda context: prior_dialect(respond(context))
+
+
+def prior_trajectories(
+    agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig
+) -> list[Trajectory]:
+    """One prior-corpus trajectory per sample: `tool_share` eager `<tool_code>` searches, the
+    rest direct answers, budgets cycling over `cfg.budgets`."""
+    budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    mix = {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
+    plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
+    out: list[Trajectory] = []
+    for group in distinct_question_batches(samples):
+        part = [samples[i] for i in group]
+        engine = ScriptedEngine(agent.tokenizer, prior_teacher(part, plan))
+        teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
+        out += teacher.run(part, [budgets[i] for i in group], 1, SamplingParams(greedy=True))
+    return out
+
+
+def dialect_rates(
+    agent: AgentLoop, samples: Sequence[Sample], budget: int, params: SamplingParams
+) -> dict[str, float]:
+    """Shares of rollouts (one per sample at `budget`) writing `<tool_code>`, `<tool_call>`, and
+    a closed `<answer>`: how far a policy speaks the prior's dialect."""
+    trajs = agent.run(list(samples), [budget] * len(samples), 1, params)
+    n = max(len(trajs), 1)
+    texts = [t.response_text for t in trajs]
+    return {
+        "tool_code": sum(PRIOR_TAG in t for t in texts) / n,
+        "tool_call": sum("<tool_call>" in t for t in texts) / n,
+        "answer": sum("</answer>" in t for t in texts) / n,
+    }
+
+
+def prior_stage(module, agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig) -> list:
+    """Supervised steps of `module.policy` on the prior's corpus; returns the step losses."""
+    from paravt.modules.sft import example_from_trajectory
+    from paravt.run.coldstart import ColdStartConfig, _vision_trainable, sft_stage
+
+    trajs = prior_trajectories(agent, samples, cfg)
+    tok = module.processor.tokenizer
+    examples = [example_from_trajectory(t, tok) for t in trajs]
+    sft = sft_stage(module.policy, module.processor, ColdStartConfig(lr=cfg.lr, steps=cfg.steps))
+    with _vision_trainable(module.policy, cfg.train_vision):
+        records = sft.fit_steps(
+            examples, cfg.steps, cfg.batch_size, max_grad_norm=1.0, desc="tool prior (SFT step)"
+        )
+    return [r["loss"] for r in records]
+
+
+def cache_key(parts: dict) -> str:
+    """16 hex digits of the SHA-256 of `parts` as sorted JSON (plus the stages' version)."""
+    blob = json.dumps({"version": CACHE_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> list[str]:
+    if not samples:
+        return []
+    k = prior.budgets[-1]
+    tokens = agent.cfg.max_new_tokens
+    greedy = dialect_rates(agent, samples, k, SamplingParams(tokens, greedy=True))
+    hot = dialect_rates(agent, samples, k, SamplingParams(tokens, 0.7, seed=prior.seed))
+    loss = f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}, " if losses else ""
+    return [
+        f"{stage}: {loss}K={k}, {len(samples)} held-out prompts: <tool_code> greedy "
+        f"{greedy['tool_code']:.2f} / T=0.7 {hot['tool_code']:.2f}, <tool_call> greedy "
+        f"{greedy['tool_call']:.2f} / T=0.7 {hot['tool_call']:.2f}"
+    ]
+
+
+def _save(path: Path, payload: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "state.pt.tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path / "state.pt")
+
+
+def prior_then_cold_start(
+    module, agent: AgentLoop, samples, held_out, prior: PriorConfig, cold, key_parts: dict
+) -> ColdStartResult:
+    """The tool prior then the cold start on `module.policy`, or both loaded from the cache;
+    returns the cold start's result with the prior's notes added.
+    `prior.steps == 0` skips the prior stage (the weak-prior contrast)."""
+    from paravt.run.coldstart import cold_start
+
+    key = cache_key({"prior": asdict(replace(prior, cache_dir="")), **key_parts})
+    path = Path(prior.cache_dir) / key
+    probe = list(held_out)[: min(8, len(held_out))]
+    if (path / "state.pt").exists():
+        payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        module.policy.load_state_dict(payload["policy"])
+        module.reset_reference()
+        result: ColdStartResult = payload["result"]
+        log.info("tool prior and cold start loaded from %s", path)
+        note = f"prior and cold start: cache {key} reused"
+        return replace(result, notes=(*result.notes, note), cached=True)
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    if prior.steps:
+        prior_losses = prior_stage(module, agent, samples, prior)
+        notes += _notes(module, agent, probe, prior, prior_losses, "tool prior")
+    result = cold_start(module, samples, cold, agent, held_out)
+    notes += _notes(module, agent, probe, prior, [], "after the cold start")
+    for line in notes:
+        log.info(line)
+    result = replace(result, notes=(*notes, *result.notes), seconds=time.perf_counter() - t0)
+    _save(path, {"policy": module.policy.state_dict(), "result": result})
+    log.info("tool prior and cold start cached in %s", path)
+    return result

@@ -1,0 +1,92 @@
+"""`paravt paradox-report` on small synthetic run folders (real TensorBoard event files)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+
+def _run(root, name: str, f_tau: list[float], kappa: list[float], reversion: float = 0.0):
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(f"seed: 0\nname: {name}\nrun_dir: x\n")
+    writer = SummaryWriter(str(run / "tb" / "version_0"))
+    for step, (f, k) in enumerate(zip(f_tau, kappa, strict=True), start=1):
+        writer.add_scalar("f_tau", f, step)
+        writer.add_scalar("kappa", k, step)
+        writer.add_scalar("drift/tag_reversion", reversion, step)
+        writer.add_scalar("drift/dropped_any", 0.5 * reversion, step)
+    writer.close()
+    return run
+
+
+def test_arm_name_and_mean_se(tmp_path):
+    from paravt.run.paradox_report import arm_name, mean_se
+
+    run = tmp_path / "whatever"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("name: demo_prior_weak_seed${seed}  # one run\n")
+    assert arm_name(run) == "weak"
+
+    assert arm_name("runs/demo_prior_no_tool_reward_seed12") == "no_tool_reward"
+    assert arm_name("somewhere/custom_arm") == "custom_arm"
+    # Hydra saves the config unresolved: the name still holds ${seed}
+    mean, se = mean_se([1.0, 2.0, 3.0])
+    # sample std 1, se = 1 / sqrt(3)
+    assert (mean, se) == (pytest.approx(2.0), pytest.approx(1 / math.sqrt(3)))
+    assert mean_se([0.4]) == (0.4, 0.0)
+    assert all(math.isnan(v) for v in mean_se([]))
+
+
+def test_report_table_and_figure(tmp_path, capsys):
+    from PIL import Image
+
+    from paravt.run.paradox_report import main
+
+    runs = [
+        # vanilla GRPO: kappa collapses, one seed reverts tags
+        _run(tmp_path, "demo_prior_grpo_seed0", [0.5, 0.6, 0.6, 0.6], [2.0, 1.0, 0.0, 0.0], 0.25),
+        _run(tmp_path, "demo_prior_grpo_seed1", [0.5, 0.7, 0.8, 0.8], [2.0, 1.0, 1.0, 0.0]),
+        _run(tmp_path, "demo_prior_paragrpo_seed0", [0.5, 0.9, 0.9, 0.9], [2.0, 2.0, 2.0, 2.0]),
+    ]
+    out = tmp_path / "fig.png"
+    assert main([*map(str, runs), "--out", str(out), "--last", "2"]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    # cold start: first steps of all three runs: f_tau 0.5 (se 0), kappa 2.0
+    assert "| 3 | 0.13 | 0.500 +- 0.000 | 2.50 | 2.000 +- 0.000 |" in rows["after cold start"]
+    # GRPO, last 2 steps: seed means f_tau 0.6 and 0.8 -> 0.7 +- 0.1; kappa 0 and 0.5 -> 0.25
+    grpo = rows["vanilla GRPO"]
+    assert "| 2 | 0.13 | 0.700 +- 0.100 | 0.02 | 0.250 +- 0.250 |" in grpo
+    assert "0.125 +- 0.125" in grpo  # tag reversion 0.25 and 0 over the two seeds
+    assert "| 1 | 0.41 | 0.900 +- 0.000 | 0.21 | 2.000 +- 0.000 |" in rows["PARA-GRPO"]
+    assert "weak prior" not in text  # only arms that ran get a row
+    img = Image.open(out)
+    assert img.size == (1280, 400)  # two 640 x 400 panels
+    # the two panels are drawn: some non-white pixels in each half
+    left = img.crop((0, 0, img.size[0] // 2, img.size[1])).convert("L")
+    right = img.crop((img.size[0] // 2, 0, img.size[0], img.size[1])).convert("L")
+    assert left.getextrema()[0] < 200 and right.getextrema()[0] < 200
+
+
+def test_report_refuses_a_folder_without_training_scalars(tmp_path):
+    from paravt.run.paradox_report import load_runs
+
+    (tmp_path / "empty_seed0").mkdir()
+    with pytest.raises(SystemExit, match="logged no f_tau"):
+        load_runs([tmp_path / "empty_seed0"])
+    with pytest.raises(SystemExit, match="is not a run folder"):
+        load_runs([tmp_path / "missing"])
+
+
+def test_series_and_tail_reductions():
+    from paravt.run.paradox_report import arm_series, tail_mean
+
+    assert tail_mean([(3, 1.0), (1, 5.0), (2, 3.0)], 2) == pytest.approx(2.0)
+    assert math.isnan(tail_mean([], 3))
+    series = arm_series([[(1, 1.0), (2, 2.0)], [(1, 3.0)]])
+    assert series[0] == (1, pytest.approx(2.0), pytest.approx(1.0))
+    assert series[1] == (2, 2.0, 0.0)  # only one seed logged step 2

@@ -1,0 +1,116 @@
+"""The tool prior stage (paravt/run/prior.py) on the real tiny model and needle videos."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paravt.run.prior import PriorConfig, cache_key, prior_dialect
+
+
+def test_prior_dialect_rewrites_calls_into_tool_code():
+    from paravt.agent.scripts import call_text
+
+    turn = f"The frames are too sparse.</think>\n{call_text(0, 16)}\n{call_text(16, 32.0)}"
+    out = prior_dialect(turn)
+    assert "<tool_call>" not in out
+    assert out.endswith("<tool_code>\ncrop_video(0, 16)\ncrop_video(16, 32.0)\n</tool_code>")
+    answer = "Enough.</think>\n<answer>B</answer>"
+    assert prior_dialect(answer) == answer  # no call: unchanged
+
+
+def test_prior_config_checks_and_cache_key():
+    with pytest.raises(ValueError, match="tool_share in"):
+        PriorConfig(tool_share=1.5)
+    a = cache_key({"prior": {"steps": 3}, "model": {"path": "m"}})
+    assert a == cache_key({"model": {"path": "m"}, "prior": {"steps": 3}})  # order-free
+    assert a != cache_key({"prior": {"steps": 4}, "model": {"path": "m"}})
+    assert len(a) == 16
+
+
+class _Host:
+    """What the stages need of the GRPO module: the policy, its processor, a reference reset."""
+
+    def __init__(self, policy, processor):
+        self.policy, self.processor, self.resets = policy, processor, 0
+
+    def reset_reference(self):
+        self.resets += 1
+
+
+def _agent(processor, policy):
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.rollout.hf import TransformersEngine
+    from paravt.video.reader import VideoReader
+
+    engine = TransformersEngine(policy, processor.tokenizer)
+    cfg = AgentConfig(max_rounds=1, max_new_tokens=64, system="compact")
+    return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+
+
+@pytest.fixture
+def tiny(tiny_qwen3_dir):
+    from paravt.models.loading import PolicySpec, load_policy
+
+    torch.manual_seed(0)
+    model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True))
+    return model, processor
+
+
+def test_prior_stage_teaches_the_dialect_greedily(tiny, needle_samples):
+    from paravt.rollout.engine import SamplingParams
+    from paravt.run.prior import dialect_rates, prior_stage
+
+    model, processor = tiny
+    agent = _agent(processor, model)
+    greedy = SamplingParams(64, greedy=True)
+    prior_call = "<tool_code>\ncrop_video("  # the prior's tag AND its call syntax
+
+    def texts() -> list[str]:
+        trajs = agent.run(needle_samples, [4] * len(needle_samples), 1, greedy)
+        return [t.response_text for t in trajs]
+
+    # (the tiny vocabulary makes <tool_code> one token, which a random model may emit alone)
+    assert not any(prior_call in t for t in texts())
+    cfg = PriorConfig(
+        steps=40, tool_share=1.0, lr=5e-3, batch_size=4, budgets=(4,), train_vision=False
+    )
+    losses = prior_stage(_Host(model, processor), agent, needle_samples, cfg)
+    assert losses[-1] < 0.2 * losses[0]
+    # every greedy rollout of the prior writes the prior's dialect, none the project's tag
+    assert all(prior_call in t for t in texts())
+    rates = dialect_rates(agent, needle_samples, 4, greedy)
+    assert rates["tool_code"] == 1.0 and rates["tool_call"] == 0.0
+
+
+def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_path):
+    from paravt.run.coldstart import ColdStartConfig
+    from paravt.run.prior import prior_then_cold_start
+
+    model, processor = tiny
+    agent = _agent(processor, model)
+    prior = PriorConfig(steps=1, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    cold = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), eval_limit=1)
+    host = _Host(model, processor)
+    parts = {"model": {"path": "tiny"}}
+    losses = prior_then_cold_start(
+        host, agent, needle_samples, needle_samples[:1], prior, cold, parts
+    )
+    (entry,) = list(tmp_path.iterdir())
+    assert (entry / "state.pt").exists()
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    # a rerun loads: the weights come back even after they were scrambled, no training runs
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    again = prior_then_cold_start(
+        host, agent, needle_samples, needle_samples[:1], prior, cold, parts
+    )
+    assert again == losses and host.resets == 2
+    assert f"cache {entry.name} reused" in host.cold_start_notes[-1]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in trained.items())
+    # another prior strength is another entry
+    other = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    prior_then_cold_start(host, agent, needle_samples, needle_samples[:1], other, cold, parts)
+    assert len(list(tmp_path.iterdir())) == 2
