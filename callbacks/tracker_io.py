@@ -4,7 +4,7 @@
 `add_image(tag, image, global_step, dataformats="HWC")` and fans each call out to
 - TensorBoard (or any logger whose `experiment` has `add_text` / `add_image`): as is;
 - Weights & Biases: a one-column table `text` and a `wandb.Image`, at the trainer's step;
-- MLflow: artifacts `TAG/step_STEP.md` and `TAG/step_STEP.png` of the run.
+- MLflow: artifacts `TAG/step_STEP` of the run, as markdown text and a PNG image.
 CSV (scalars only) and unknown loggers are skipped; `writer.sinks` names the ones used. It
 deliberately logs no scalars (Lightning's `log_dict` reaches every logger already).
 """
