@@ -2,7 +2,7 @@
 
 The arguments paravt gives each rank's engine on a multi-rank GPU launch are accepted by
 vLLM 0.32: each rank becomes its own data-parallel replica (its RANK) of a W-replica engine and
-generates on its own. (GPU placement on `cuda:LOCAL_RANK` waits for a GPU; docs/multi_gpu.md.)
+generates on its own. (GPU placement on `cuda:LOCAL_RANK` waits for a GPU; docs/multi-gpu.md.)
 """
 
 from __future__ import annotations
