@@ -31,7 +31,8 @@ AGENT_KEYS = (
     "subagent_max_tokens",
     "overview_max_pixels",
 )
-CROP_KEYS = ("sample_fps", "min_frames", "max_frames", "max_pixels", "min_pixels", "factor")
+# crop.factor is not among them: every AgentLoop takes it from the processor.
+CROP_KEYS = ("sample_fps", "min_frames", "max_frames", "max_pixels", "min_pixels")
 # Set by the mode presets (conf/mode): taken from training only in these modes.
 MODE_KEYS = {
     "rollout.agent.max_rounds": ("parallel", "sequential"),
