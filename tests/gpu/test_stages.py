@@ -30,6 +30,7 @@ DIST = {
 OPTIONAL = {
     "pyarrow": "parquet files only (paravt.data.datasets, paravt.video.synthetic)",
     "vllm": "the vLLM engine; the `vllm` tests are deselected on the lent machine",
+    "bitsandbytes": "QLoRA only (paravt.models.lora); not in the GPU stages",
 }
 
 

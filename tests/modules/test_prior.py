@@ -33,6 +33,7 @@ class _Host:
 
     def __init__(self, policy, processor):
         self.policy, self.processor, self.resets = policy, processor, 0
+        self.policy_version = 0  # what the cold start syncs its engine with
 
     def reset_reference(self):
         self.resets += 1
@@ -94,9 +95,10 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     cold = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), eval_limit=1)
     host = _Host(model, processor)
     parts = {"model": {"path": "tiny"}}
-    losses = prior_then_cold_start(
+    first = prior_then_cold_start(
         host, agent, needle_samples, needle_samples[:1], prior, cold, parts
     )
+    assert not first.cached
     (entry,) = list(tmp_path.iterdir())
     assert (entry / "state.pt").exists()
     trained = {k: v.clone() for k, v in model.state_dict().items()}
@@ -107,8 +109,8 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     again = prior_then_cold_start(
         host, agent, needle_samples, needle_samples[:1], prior, cold, parts
     )
-    assert again == losses and host.resets == 2
-    assert f"cache {entry.name} reused" in host.cold_start_notes[-1]
+    assert again.cached and again.losses == first.losses and host.resets == 2
+    assert f"cache {entry.name} reused" in again.notes[-1]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in trained.items())
     # another prior strength is another entry
     other = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
