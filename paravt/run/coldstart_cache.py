@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -70,24 +69,9 @@ def sweep_cache_dir(cfg) -> Path | None:
     return Path(str(cfg.run_dir)).resolve().parent / ".cold_start_cache"
 
 
-def _rng_states() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "py": random.getstate()}
-
-
-def _set_rng_states(states: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["py"])
-
-
 def cached_cold_start(cfg, module, run: Callable[[], ColdStartResult]) -> ColdStartResult:
     """`run()` (the cold start), or its saved result when this sweep already computed it."""
+    from paravt.models.runtime import rng_state, set_rng_state
     from paravt.modules.checkpoint import atomic_torch_save
 
     folder = sweep_cache_dir(cfg)
@@ -101,7 +85,7 @@ def cached_cold_start(cfg, module, run: Callable[[], ColdStartResult]) -> ColdSt
         saved = torch.load(path, map_location="cpu", weights_only=False)
         module.policy.load_state_dict(saved["policy"])
         module.reset_reference()
-        _set_rng_states(saved["rng"])
+        set_rng_state(saved["rng"])
         result: ColdStartResult = saved["result"]
         note = (
             f"cold start: loaded from an earlier job of this sweep with the same cold start "
@@ -116,6 +100,6 @@ def cached_cold_start(cfg, module, run: Callable[[], ColdStartResult]) -> ColdSt
         )
     result = run()
     state = {k: v.detach().cpu() for k, v in module.policy.state_dict().items()}
-    atomic_torch_save({"policy": state, "result": result, "rng": _rng_states()}, path)
+    atomic_torch_save({"policy": state, "result": result, "rng": rng_state()}, path)
     log.info("cold start saved for the sweep's other jobs with the same cold start: %s", path)
     return result
