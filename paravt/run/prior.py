@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -151,19 +150,13 @@ def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> li
     ]
 
 
-def _save(path: Path, payload: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "state.pt.tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path / "state.pt")
-
-
 def prior_then_cold_start(
     module, agent: AgentLoop, samples, held_out, prior: PriorConfig, cold, key_parts: dict
 ) -> ColdStartResult:
     """The tool prior then the cold start on `module.policy`, or both loaded from the cache;
     returns the cold start's result with the prior's notes added.
     `prior.steps == 0` skips the prior stage (the weak-prior contrast)."""
+    from paravt.modules.checkpoint import atomic_torch_save
     from paravt.run.coldstart import cold_start
 
     key = cache_key({"prior": asdict(replace(prior, cache_dir="")), **key_parts})
@@ -187,6 +180,7 @@ def prior_then_cold_start(
     for line in notes:
         log.info(line)
     result = replace(result, notes=(*notes, *result.notes), seconds=time.perf_counter() - t0)
-    _save(path, {"policy": module.policy.state_dict(), "result": result})
+    state = {"policy": module.policy.state_dict(), "result": result}
+    atomic_torch_save(state, path / "state.pt")  # temp file, fsync, rename
     log.info("tool prior and cold start cached in %s", path)
     return result
