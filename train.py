@@ -97,9 +97,12 @@ def main(cfg: DictConfig) -> float | None:
     from paravt.parallel.launch import end_job
 
     try:
-        return run_job(cfg)
-    finally:
-        end_job()  # a sweep's next job starts a fresh process group
+        result = run_job(cfg)
+    except BaseException:
+        end_job(ok=False)  # a failed rank exits now; its peers may never reach the barrier
+        raise
+    end_job()  # the ranks leave together; a sweep's next job starts a fresh process group
+    return result
 
 
 def run_job(cfg: DictConfig) -> float | None:

@@ -143,3 +143,21 @@ def on_rank0(fn, group=None):
     if kind == "error":
         raise value
     return value
+
+
+def leave_group(wait_for_peers: bool = True) -> None:
+    """Tear the default process group down once every rank has reached this point.
+
+    A rank that destroys its group while a peer is still finishing (saving, logging) closes the
+    transport under that peer; gloo's worker threads then abort the peer's process
+    ("terminate called without an active exception") with no Python traceback. The barrier
+    makes every rank arrive before any leaves. A rank leaving on an error passes
+    `wait_for_peers=False`: its peers may never arrive, and it must exit, not wait out the
+    group's timeout. No group: nothing to do."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if wait_for_peers and dist.get_world_size() > 1:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -70,13 +70,13 @@ def child_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
     ]
 
 
-def end_job() -> None:
+def end_job(ok: bool = True) -> None:
     """Tear the job's process group down and restore the launch variables Lightning set, so
-    the next job of a sweep starts its own ranks and a fresh group."""
-    import torch.distributed as dist
+    the next job of a sweep starts its own ranks and a fresh group. `ok`: the job finished;
+    the ranks then leave together (`leave_group`), a failed job's rank leaves at once."""
+    from paravt.parallel.collectives import leave_group
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    leave_group(wait_for_peers=ok)
     for key, value in _before_job.items():  # what the launcher set for this job only
         if value is None:
             os.environ.pop(key, None)

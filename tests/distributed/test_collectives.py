@@ -43,3 +43,22 @@ def test_simulated_nccl_accepts_what_the_layer_builds_and_refuses_hand_made_tens
         collectives.all_reduce(torch.tensor([1.0]))  # made by hand, not on the backend's device
     with pytest.raises(CollectiveError, match="float64"):
         collectives.all_reduce(collectives.on_collective_device([1.0], torch.float64))
+
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_leave_group_waits_for_a_slow_peer_unless_leaving_on_an_error(tmp_path, wait):
+    from .launch import launch
+
+    out = tmp_path / "out"
+    if wait:
+        launch(["leave", "wait", str(out)], out, world_size=2, timeout=120)
+    else:  # rank 0 leaves at once; rank 1's barrier then finds no peer and fails
+        with pytest.raises(AssertionError, match=r"ranks \[1\] failed"):
+            launch(["leave", "nowait", str(out)], out, world_size=2, timeout=120)
+    arrived0, left0 = (float(x) for x in (out / "left0.txt").read_text().split())
+    if wait:
+        arrived1 = float((out / "left1.txt").read_text().split()[0])
+        assert left0 >= arrived1  # rank 0 left only once the slow rank 1 had arrived
+    else:
+        assert left0 - arrived0 < 1.5  # it did not wait out its peer

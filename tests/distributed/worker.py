@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.parallel.collectives import leave_group
 from paravt.parallel.distributed import (
     Rank,
     generate_sync_kwargs,
@@ -430,6 +431,20 @@ def _local(model) -> int:
     return local_numel(model)
 
 
+def scenario_leave(wait: bool, out: Path) -> None:
+    """Rank 1 is slow to finish; rank 0 leaves the group waiting for it or not. Each rank
+    writes when it arrived at `leave_group` and when it left."""
+    import time
+
+    rank = dist.get_rank()
+    if rank == 1:
+        time.sleep(2.0)  # still saving its results
+    arrived = time.time()
+    leave_group(wait_for_peers=wait or rank == 1)
+    (out / f"left{rank}.txt").write_text(f"{arrived} {time.time()}")
+    torch.save({}, out / f"rank{rank}.pt")  # what launch() collects
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
 
 
@@ -441,8 +456,12 @@ def main(argv: list[str]) -> None:
         run = scenario_lightning if scenario == "lightning" else scenario_grpo
         res = run(model_dir, out, ckpt)
         torch.save(res, out / f"rank{int(os.environ.get('RANK', '0'))}.pt")
+        leave_group()  # as train.py does after its job
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    if scenario == "leave":  # leave_group's barrier: model_dir is "wait" or "nowait"
+        scenario_leave(model_dir == "wait", out)
+        return
     try:
         if scenario == "precision":  # tests/distributed/precision_worker.py
             sys.path.insert(0, str(Path(__file__).parent))
@@ -457,8 +476,10 @@ def main(argv: list[str]) -> None:
         else:
             res = SCENARIOS[scenario](model_dir, out, ckpt)
         torch.save(res, out / f"rank{dist.get_rank()}.pt")
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_group(wait_for_peers=False)
+        raise
+    leave_group()  # every rank saved before any closes the transport
 
 
 if __name__ == "__main__":

@@ -237,6 +237,8 @@ def test_category_mean_and_grounding_metric():
 def _reduce_worker(rank, world, port, out):
     import torch.distributed as dist
 
+    from paravt.parallel.collectives import leave_group
+
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -247,7 +249,7 @@ def _reduce_worker(rank, world, port, out):
     result = metric.compute()
     with open(f"{out}/{rank}.json", "w") as handle:
         json.dump(result, handle)
-    dist.destroy_process_group()
+    leave_group()
 
 
 def test_category_mean_reduces_across_ranks(tmp_path):
