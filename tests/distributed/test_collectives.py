@@ -45,7 +45,6 @@ def test_simulated_nccl_accepts_what_the_layer_builds_and_refuses_hand_made_tens
         collectives.all_reduce(collectives.on_collective_device([1.0], torch.float64))
 
 
-
 @pytest.mark.parametrize("wait", [True, False])
 def test_leave_group_waits_for_a_slow_peer_unless_leaving_on_an_error(tmp_path, wait):
     from .launch import launch
