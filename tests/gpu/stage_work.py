@@ -168,6 +168,10 @@ def _peak_reset(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def _allocated_gib(device: str) -> float:
+    return torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0
+
+
 def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
@@ -210,9 +214,49 @@ def _sizes(opts) -> tuple[list[int], int, int]:
     return [4096, 8192, 16384], 64, 224
 
 
+def plan_update_gib(tokens: int, tiny: bool) -> float:
+    """What `paravt check-recipe`'s memory plan (paravt.run.memory_plan) expects the update of
+    one `tokens`-token micro-batch to add on top of the resident weights and optimiser state,
+    at all decoder layers: activations with checkpointing, the chunked head's logits, and the
+    bf16 gradients of the trainable language model (the step stage trains in bf16, vision
+    frozen). The measured counterpart is the stage's peak minus what was allocated before."""
+    from paravt.run.memory_plan import GIB, ModelSize, PlanInputs, plan
+
+    text = TINY_TEXT if tiny else QWEN3_VL_8B_TEXT
+    size = ModelSize(
+        name="step stage",
+        total_params=0,
+        layers=text["num_hidden_layers"],
+        hidden=text["hidden_size"],
+        intermediate=text["intermediate_size"],
+        kv_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"],
+        vocab=text["vocab_size"],
+    )
+    inputs = PlanInputs(
+        world=1,
+        prompts_per_rank=1,
+        group_size=1,
+        max_total_tokens=tokens,
+        micro_batch_tokens=tokens,
+        kl=False,
+        freeze_vision=True,
+        adam_bytes=4,
+        engine="hf",
+        vllm_share=0.0,
+        sleep_mode=False,
+        checkpointing=True,
+        gpu_gb=141.0,
+    )
+    acts = plan(size, inputs)["update: activations, checkpointing"]
+    return (acts + 2 * size.lm_params) / GIB
+
+
 def step(opts) -> dict:
     """One GRPO micro-step of the real 8B config at 2 and 4 decoder layers, per token length:
-    peak memory and s/token, and both extrapolated linearly in the layers to all 36."""
+    peak memory and s/token, and both extrapolated linearly in the layers to all 36; beside the
+    measured update memory (peak minus what was allocated before the step), the memory plan's
+    estimate of it (`plan_update_gib`), so a GPU run confirms or corrects the plan."""
     lengths, frames, side = _sizes(opts)
     rows: dict[int, dict[int, dict]] = {}
     for layers in (2, 4):
@@ -229,9 +273,12 @@ def step(opts) -> dict:
         for tokens in lengths:
             ids, pixels, grid, n_video = clip_inputs(frames, side, tokens, opts.device, opts.tiny)
             _peak_reset(opts.device)
+            before = _allocated_gib(opts.device)
             seconds = grpo_micro_step(model, opt, ids, pixels, grid, opts.device)
+            peak = _peak_gib(opts.device)
             rows[layers][tokens] = {
-                "peak_gib": _peak_gib(opts.device),
+                "peak_gib": peak,
+                "update_gib": None if peak is None else peak - before,
                 "s": seconds,
                 "video_tokens": n_video,
             }
@@ -247,12 +294,15 @@ def step(opts) -> dict:
             "video_tokens": four["video_tokens"],
             "s_per_token_4l": four["s"] / tokens,
             "s_per_token_36l_est": (four["s"] + (total - 4) / 2 * (four["s"] - two["s"])) / tokens,
+            "plan_update_gib_36l": plan_update_gib(tokens, opts.tiny),
         }
         if four["peak_gib"] is not None:
             slope = (four["peak_gib"] - two["peak_gib"]) / 2
+            update_slope = (four["update_gib"] - two["update_gib"]) / 2
             row |= {
                 "peak_gib_4l": four["peak_gib"],
                 "peak_gib_36l_est": four["peak_gib"] + (total - 4) * slope,
+                "update_gib_36l_est": four["update_gib"] + (total - 4) * update_slope,
             }
         out.append(row)
     return {"ok": True, "rows": out}

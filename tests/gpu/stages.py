@@ -86,10 +86,12 @@ def _headline(record: dict) -> str:
         cells = []
         for r in res["rows"]:
             mem = (
-                f"{r['peak_gib_4l']:.1f}->{r['peak_gib_36l_est']:.1f} GiB"
+                f"{r['peak_gib_4l']:.1f}->{r['peak_gib_36l_est']:.1f} GiB, update "
+                f"{r['update_gib_36l_est']:.1f} GiB"
                 if "peak_gib_4l" in r
-                else ""
+                else "update"
             )
+            mem += f" (plan {r['plan_update_gib_36l']:.1f})"
             cells.append(f"{r['tokens']}: {r['s_per_token_36l_est'] * 1e3:.3f} ms/tok(36L) {mem}")
         return "; ".join(cells)
     if record["stage"] == "engine" and res:

@@ -68,6 +68,8 @@ def test_collectives_and_tiny_model_stages_run_on_cpu(tmp_path):
     assert records["nccl"]["result"]["backend"] == "gloo"
     rows = records["step"]["result"]["rows"]
     assert [r["tokens"] for r in rows] == [256, 512] and all(r["video_tokens"] > 0 for r in rows)
+    plans = [r["plan_update_gib_36l"] for r in rows]  # the memory plan, beside the measurement
+    assert 0 < plans[0] < plans[1] and "(plan " in table
     engine = records["engine"]["result"]
     assert engine["sampled_tokens"] > 0 and engine["tokens_per_s"] > 0
     assert all(name in table for name in ("nccl", "step", "engine"))
