@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from paravt.errors import UserError
+
 STRUCTURAL_TAGS: tuple[str, ...] = (
     "</think>",
     "</tool_call>",
@@ -44,6 +46,11 @@ def _token_id_of(tokenizer: Any, tag: str, added: dict[str, int] | None) -> int:
     return int(ids[0])
 
 
+class AnchorTagError(UserError, ValueError):
+    """An `algorithm.anchor_tags` tag that is not one token of the policy's tokenizer: a
+    configuration the user fixes (train.py prints it in one line and exits 2)."""
+
+
 def structural_token_ids(tokenizer: Any, tags: Sequence[str] = STRUCTURAL_TAGS) -> list[int]:
     """The token id of each tag, in order; each must be a single added token of `tokenizer`.
 
@@ -56,7 +63,7 @@ def structural_token_ids(tokenizer: Any, tags: Sequence[str] = STRUCTURAL_TAGS) 
         return [_token_id_of(tokenizer, tag, added) for tag in tags]
     except ValueError as err:
         usable = [t for t in STRUCTURAL_TAGS if added is None or t in added]
-        raise ValueError(
+        raise AnchorTagError(
             f"{err}. Tags that are single tokens here: {usable}; set algorithm.anchor_tags to "
             "those (docs/tokenizers.md)"
         ) from None

@@ -55,6 +55,10 @@ class ColdStartConfig:
     # Train the vision tower during the cold start even when the model config freezes it (as
     # the paper's RL does): a random tiny tower must learn to see first; RL keeps it frozen.
     train_vision: bool = False
+    # A LoRA policy (model.lora) trains its full language-model weights during the cold start
+    # too, as a full SFT would; its adapters then fold in and restart at zero, and RL trains the
+    # adapters only. False: the cold start trains the adapters alone (the base stays as built).
+    full_weights: bool = True
     warmup_steps: int = 0  # linear warm-up, then cosine decay to `min_lr_ratio` * lr
     min_lr_ratio: float = 1.0  # 1.0: constant learning rate after the warm-up
     eval_every: int = 0  # measure answer tokens every N steps (0: only before and after)
@@ -209,11 +213,16 @@ def fit(
 
 
 @contextlib.contextmanager
-def _vision_trainable(model, on: bool) -> Iterator[None]:
-    """The vision tower trainable for the duration (when `on`), then its own flags again."""
+def sft_trainable(model, train_vision: bool, full_weights: bool = False) -> Iterator[None]:
+    """For the duration of a supervised stage: the vision tower trainable (`train_vision`) and a
+    LoRA policy's frozen base weights too (`full_weights`); then every parameter's own flag."""
     from paravt.models.loading import vision_tower
+    from paravt.models.lora import is_lora
 
-    params = list(vision_tower(model).parameters()) if on else []
+    params = list(vision_tower(model).parameters()) if train_vision else []
+    if full_weights and is_lora(model):
+        tower = {id(p) for p in vision_tower(model).parameters()}
+        params += [p for p in model.parameters() if id(p) not in tower]
     flags = [p.requires_grad for p in params]
     for p in params:
         p.requires_grad_(True)
@@ -265,7 +274,7 @@ def cold_start(
         oracle = replace(reading, strategy="oracle")
         first = teacher_trajectories(agent, samples, oracle, f"first {cfg.oracle_steps} steps")
     sft = sft_stage(module.policy, module.processor, cfg)
-    with _vision_trainable(module.policy, cfg.train_vision):
+    with sft_trainable(module.policy, cfg.train_vision, cfg.full_weights):
         report = fit(sft, trajs, cfg, eval_trajs, first)
     seconds = time.perf_counter() - t0
     # The weights changed under the same policy version: an engine with weights of its own

@@ -116,13 +116,14 @@ def dialect_rates(
 def prior_stage(module, agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig) -> list:
     """Supervised steps of `module.policy` on the prior's corpus; returns the step losses."""
     from paravt.modules.sft import example_from_trajectory
-    from paravt.run.coldstart import ColdStartConfig, _vision_trainable, sft_stage
+    from paravt.run.coldstart import ColdStartConfig, sft_stage, sft_trainable
 
     trajs = prior_trajectories(agent, samples, cfg)
     tok = module.processor.tokenizer
     examples = [example_from_trajectory(t, tok) for t in trajs]
     sft = sft_stage(module.policy, module.processor, ColdStartConfig(lr=cfg.lr, steps=cfg.steps))
-    with _vision_trainable(module.policy, cfg.train_vision):
+    # A pretraining stage: a LoRA policy's base weights learn the prior too.
+    with sft_trainable(module.policy, cfg.train_vision, full_weights=True):
         records = sft.fit_steps(
             examples, cfg.steps, cfg.batch_size, max_grad_norm=1.0, desc="tool prior (SFT step)"
         )

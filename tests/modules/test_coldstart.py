@@ -39,7 +39,7 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy, vision_tower
     from paravt.rollout.scripted import ScriptedEngine
-    from paravt.run.coldstart import _vision_trainable, fit, sft_stage, teacher_trajectories
+    from paravt.run.coldstart import fit, sft_stage, sft_trainable, teacher_trajectories
     from paravt.video.reader import VideoReader
 
     model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True))
@@ -49,10 +49,41 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     trajs = teacher_trajectories(agent, needle_samples[:2], cfg)
     tower = vision_tower(model)
     before = [p.detach().clone() for p in tower.parameters()]
-    with _vision_trainable(model, True):
+    with sft_trainable(model, True):
         assert all(p.requires_grad for p in tower.parameters())
         fit(sft_stage(model, processor, cfg), trajs, cfg)
     assert not any(p.requires_grad for p in tower.parameters())  # frozen again for RL
     assert any(not torch.equal(a, p) for a, p in zip(before, tower.parameters(), strict=True))
-    with _vision_trainable(model, False):  # off: the flags are left alone
+    with sft_trainable(model, False):  # off: the flags are left alone
         assert not any(p.requires_grad for p in tower.parameters())
+
+
+@pytest.mark.parametrize("full_weights", [True, False])
+def test_a_lora_policy_cold_starts_with_full_weights_unless_told_otherwise(
+    tiny_qwen3_dir, needle_samples, full_weights
+):
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.models.loading import PolicySpec, load_policy
+    from paravt.models.lora import lora_layers
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.run.coldstart import fit, sft_stage, sft_trainable, teacher_trajectories
+    from paravt.video.reader import VideoReader
+
+    spec = PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True, lora={"rank": 4})
+    model, processor = load_policy(spec)
+    engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=1))
+    cfg = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), lr=1e-2, full_weights=full_weights)
+    trajs = teacher_trajectories(agent, needle_samples[:2], cfg)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    for layer in lora_layers(model).values():  # B = 0 would give A no gradient
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.02)
+    with sft_trainable(model, False, cfg.full_weights):
+        fit(sft_stage(model, processor, cfg), trajs, cfg)
+    changed = {n for n, p in model.named_parameters() if n in base and not torch.equal(base[n], p)}
+    language = {n for n in changed if ".language_model." in n}
+    assert bool(language) == full_weights  # the base language weights trained only when asked
+    assert not {n for n in changed if ".visual." in n}  # the tower was not asked for
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags  # RL: adapters only
