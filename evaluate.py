@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paravt.errors import UserError, check_model_path
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
-from paravt.eval.judging import check_fallbacks, fallback_warning, judge_line
+from paravt.eval.judging import check_fallbacks, check_max_share, fallback_warning, judge_line
 from paravt.eval.results import check_run_identity, load_metrics
 from paravt.eval.runner import (
     EvalConfig,
@@ -109,6 +109,7 @@ def judge_identity(cfg: DictConfig) -> dict:
 
 def build_judge(cfg: DictConfig):
     """The `judge` group's LLMJudge (its client; the training guard is not used here), or None."""
+    check_max_share(cfg.get("judge_max_fallback_share"))
     node = cfg.get("judge")
     return None if node is None else instantiate(node.client)
 

@@ -123,28 +123,44 @@ def judge_line(report: Mapping[str, Any]) -> str:
     )
 
 
-def fallback_warning(report: Mapping[str, Any]) -> str | None:
-    """A loud line when any judged answer fell back, naming the endpoint and the last failure."""
-    if report["endpoint"] is None or not report["fell_back"]:
-        return None
+def _fallback_summary(report: Mapping[str, Any]) -> tuple[str, str]:
+    """("LLM judge at E: M of N answers fell back to R (share s", the last failure)."""
     last = report["last_failure"] or "not seen by this process (an earlier, resumed run)"
     return (
         f"LLM judge at {report['endpoint']}: {report['fell_back']} of "
         f"{report['scored'] + report['fell_back']} answers fell back to {report['fallback']} "
-        f"(share {report['share']:.2f}); last failure: {last}. Their scores are not the "
-        "judge's: fix the judge server and evaluate again into a new out_dir "
-        "(judge_max_fallback_share=0.0 makes this an error)"
+        f"(share {report['share']:.2f}"
+    ), last
+
+
+def fallback_warning(report: Mapping[str, Any]) -> str | None:
+    """A loud line when any judged answer fell back, naming the endpoint and the last failure."""
+    if report["endpoint"] is None or not report["fell_back"]:
+        return None
+    head, last = _fallback_summary(report)
+    return (
+        f"{head}); last failure: {last}. Their scores are not the judge's: fix the judge server "
+        "and evaluate again into a new out_dir (judge_max_fallback_share=0.0 makes this an error)"
     )
+
+
+def check_max_share(max_share: float | None) -> None:
+    if max_share is not None and not 0.0 <= max_share <= 1.0:
+        raise ValueError(
+            f"judge_max_fallback_share must be in [0, 1] or null, got {max_share}; e.g. "
+            "judge_max_fallback_share=0.0 (any fallback fails) or null (warn only)"
+        )
 
 
 def check_fallbacks(report: Mapping[str, Any] | None, max_share: float | None) -> None:
     """JudgeFailure when the fallback share exceeds `max_share` (None: never)."""
     if max_share is None or report is None or report["endpoint"] is None:
         return
-    if not 0.0 <= max_share <= 1.0:
-        raise ValueError(f"judge_max_fallback_share must be in [0, 1] or null, got {max_share}")
+    check_max_share(max_share)
     if report["share"] > max_share:
+        head, last = _fallback_summary(report)
         raise JudgeFailure(
-            f"{fallback_warning(report)} (share {report['share']:.2f} > "
-            f"judge_max_fallback_share {max_share}; the results are written)"
+            f"{head} > judge_max_fallback_share {max_share}); last failure: {last}. The results "
+            "are written; fix the judge server and evaluate again into a new out_dir (or raise "
+            "judge_max_fallback_share)"
         )

@@ -286,3 +286,18 @@ def test_evaluate_without_a_judge_says_the_answers_were_not_judged(
     assert "judge" not in payload["run"]  # the run identity is the one of a judge-less run
     expected = f"judge: none configured; {len(open_ended)} open-ended answer(s) scored by token F1"
     assert f"{expected}, not judged" in run.stdout
+
+
+def test_a_bad_fallback_tolerance_is_refused_before_anything_runs():
+    from hydra import compose, initialize_config_dir
+
+    from evaluate import build_judge
+
+    overrides = ["judge=openai", "judge_max_fallback_share=1.5"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("eval", overrides=overrides)
+    with pytest.raises(ValueError, match=r"judge_max_fallback_share must be in \[0, 1\].*1\.5"):
+        build_judge(cfg)
+    cfg.judge_max_fallback_share = 0.25
+    judge = build_judge(cfg)
+    assert isinstance(judge, LLMJudge) and judge.endpoint.endswith("/v1/chat/completions")
