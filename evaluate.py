@@ -7,7 +7,9 @@ loads the policy, builds the engine (`paravt.rollout.build_engine`, chosen as in
 over to `paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under
 `out_dir`, resuming a killed run of the same model, annotations, engine and protocol). Bad input
 stops with one line naming the problem and the fix. `-m ... mode=parallel,sequential,no_tool`
-prints one comparison table (`paravt.eval.compare`). Only `torch.no_grad` inference happens here.
+prints one comparison table (`paravt.eval.compare`). `judge=openai` scores open-ended answers with
+an LLM judge (`paravt.eval.judging`); the judge's counts are printed, a fallback warned about, and
+`judge_max_fallback_share` can make it an error. Only `torch.no_grad` inference happens here.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.errors import check_model_path
+from paravt.errors import UserError, check_model_path
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
-from paravt.eval.results import check_run_identity
+from paravt.eval.judging import check_fallbacks, check_max_share, fallback_warning, judge_line
+from paravt.eval.results import check_run_identity, load_metrics
 from paravt.eval.runner import (
     EvalConfig,
     build_agent_loop,
@@ -94,7 +97,33 @@ def run_identity(cfg: DictConfig, protocol: EvalConfig) -> dict:
         "protocol": protocol.identity(),
         # the adapter's options (e.g. Video-MME's subtitle rule) change the prompts too
         "options": benchmark_options(cfg),
+        # a judge changes the open-ended scores (absent without one: older out_dirs resume)
+        **judge_identity(cfg),
     }
+
+
+def judge_identity(cfg: DictConfig) -> dict:
+    node = cfg.get("judge")
+    return {} if node is None else {"judge": {"model": node.client.model}}
+
+
+def build_judge(cfg: DictConfig):
+    """The `judge` group's LLMJudge (its client; the training guard is not used here), or None."""
+    check_max_share(cfg.get("judge_max_fallback_share"))
+    node = cfg.get("judge")
+    return None if node is None else instantiate(node.client)
+
+
+def report_judge(out_dir: str, max_share: float | None) -> None:
+    """Print the judge line of metrics.json, warn on fallbacks, fail above `max_share`."""
+    report = load_metrics(out_dir).get("judge")
+    if report is None:
+        return
+    print(judge_line(report))
+    warning = fallback_warning(report)
+    if warning is not None:
+        log.warning("%s", warning)
+    check_fallbacks(report, max_share)
 
 
 def benchmark_options(cfg: DictConfig) -> dict:
@@ -141,6 +170,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     # Fail fast: an out_dir of another run is refused before the model is loaded.
     os.makedirs(out_dir, exist_ok=True)
     check_run_identity(out_dir, {**default_identity(benchmark, protocol), **identity})
+    judge = build_judge(cfg)
     model, processor = load_policy(policy)
     model.eval().to(pick_device(cfg.device))
     engine = build_engine(
@@ -153,12 +183,13 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
         )
         try:
             metrics = run_benchmark(
-                benchmark, items, loop, out_dir, protocol, identity, bad_rows, cfg.fail_fast
+                benchmark, items, loop, out_dir, protocol, identity, bad_rows, cfg.fail_fast, judge
             )
         finally:
             loop.executor.close()
     print(format_metrics(f"{spec.name} ({cfg.mode.name})", metrics))
     print(f"results: {os.path.join(out_dir, 'results.md')} (and metrics.json, predictions.jsonl)")
+    report_judge(out_dir, cfg.get("judge_max_fallback_share"))
     return metrics
 
 
@@ -176,7 +207,7 @@ def main(cfg: DictConfig) -> dict[str, float]:
 
     try:
         return evaluate(cfg, list(HydraConfig.get().overrides.task))
-    except (AnnotationError, FileNotFoundError, VideoError, ValueError) as error:
+    except (AnnotationError, FileNotFoundError, VideoError, ValueError, UserError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -6,10 +6,12 @@ Rows are paravt-layout prompt rows (`paravt.video.synthetic.generate` writes `ev
 folder when `video_root` is empty. Rows are read strictly: a malformed row raises, since a
 skipped row would silently change the denominator of a reported number.
 
-Scores: "accuracy" is the option-letter match for mcq items and the temporal IoU for tvg items
-(the same quantity as the training reward's R_acc). The forced answer is the agent's generic
-one, since a needle split mixes letters and intervals. Report: accuracy overall and by family
-and question type, plus missing_videos and num_samples.
+Scores: "accuracy" is the option-letter match for mcq items, the temporal IoU for tvg items and,
+for open-ended (oe) rows, the training reward's open-ended score of the answer segment: 1 for an
+exact match, else token F1, or, with a judge (`paravt.eval.judging`), the judge's 1 / 0.5 / 0
+(token F1 when it fails): the same quantity as the training reward's R_acc. The forced answer
+is the agent's generic one, since a needle split mixes letters and intervals. Report: accuracy
+overall and by family and question type, plus missing_videos and num_samples.
 
 This module deliberately does not generate needle data nor run a model.
 """
@@ -32,6 +34,7 @@ from paravt.eval.adapters.base import (
     summarize,
     take,
 )
+from paravt.rewards.accuracy import accuracy_reward, exact_match, extract_answer
 
 
 def load_needle(annotations: str, video_root: str = "", limit: int | None = None) -> list[EvalItem]:
@@ -66,6 +69,7 @@ class NeedleBenchmark:
 
     name: str = "needle"
     forced_answer: str = FORCED_ANSWER
+    open_ended_rule: str = "token F1"  # oe rows without a judge, or when the judge fails
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(load_needle(annotations, video_root, limit), annotations)
@@ -77,9 +81,22 @@ class NeedleBenchmark:
         if sample.question_type == "tvg":
             gold = sample.windows[0] if sample.windows else (0.0, 0.0)
             return {"accuracy": scoring.score_grounding(response, gold)["iou"]}
+        if sample.question_type == "oe":
+            return {"accuracy": accuracy_reward(extract_answer(response), sample.answer, "oe")}
         return {
             "accuracy": scoring.score_choice(response, sample.answer, sample.options)["correct"]
         }
+
+    def judge_query(self, item: EvalItem, response: str) -> tuple[str, str, str] | None:
+        """(answer, gold, question) for the judge; None for an empty or exact answer (scored
+        1 or 0 without asking, as in training's `paravt.rewards.judged.judge_items`)."""
+        answer = extract_answer(response)
+        if not answer.strip() or exact_match(answer, item.sample.answer):
+            return None
+        return answer, item.sample.answer, item.sample.question
+
+    def from_verdict(self, item: EvalItem, verdict: float) -> dict[str, float]:
+        return {"accuracy": verdict}
 
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]

@@ -6,8 +6,10 @@
 - `run_config.json`: the run identity (benchmark, model path, annotation file, engine, mode,
   protocol). Resuming into an out_dir written under another identity is refused with a message
   naming what changed, so a second model never inherits the first one's predictions.
-- `metrics.json` ({"run": identity, "metrics": {...}, "problems": [...]}) and `results.md` (the
-  same header, the metrics table and the list of missing / undecodable videos and bad rows).
+- `metrics.json` ({"run": identity, "metrics": {...}, "problems": [...]}, plus "judge": the LLM
+  judge's counts when the benchmark has open-ended items or a judge was configured) and
+  `results.md` (the same header and judge line, the metrics table and the list of missing /
+  undecodable videos and bad rows).
 
 This module deliberately does not run a model or score answers.
 """
@@ -20,13 +22,25 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paravt.eval.judging import judge_line
+
 log = logging.getLogger(__name__)
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 RESULTS = "results.md"
 RUN_CONFIG = "run_config.json"
-COUNTS = ("num_samples", "missing_videos", "video_errors", "bad_rows", "unparseable", "excluded")
+COUNTS = (
+    "num_samples",
+    "missing_videos",
+    "video_errors",
+    "bad_rows",
+    "unparseable",
+    "excluded",
+    "open_ended",
+    "judge_scored",
+    "judge_fallbacks",
+)
 
 
 def read_predictions(path: str) -> dict[str, dict[str, Any]]:
@@ -135,13 +149,20 @@ def write_results(
     identity: Mapping[str, Any],
     metrics: Mapping[str, float],
     issues: Sequence[str],
+    judge: Mapping[str, Any] | None = None,
 ) -> None:
-    """metrics.json and results.md: header (identity), metrics, problems."""
+    """metrics.json and results.md: header (identity), metrics, problems; and the judge's
+    report (`paravt.eval.judging.judge_report`) when the run has one."""
     payload = {"run": dict(identity), "metrics": dict(metrics), "problems": list(issues)}
+    if judge is not None:
+        payload["judge"] = dict(judge)
     with open(os.path.join(out_dir, METRICS), "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2, sort_keys=True)
     lines = [f"# {identity.get('benchmark', '')} ({identity.get('mode', '')})", ""]
-    lines += [*markdown_header(identity), "", "| metric | value |", "|---|---|"]
+    lines += markdown_header(identity)
+    if judge is not None:
+        lines.append(f"- {judge_line(judge)}")
+    lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {format_value(k, metrics[k])} |" for k in sorted(metrics)]
     if issues:
         lines += ["", f"## Problems ({len(issues)})", ""] + [f"- {p}" for p in issues]

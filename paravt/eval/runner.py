@@ -26,6 +26,7 @@ from typing import Any
 from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentLoop
 from paravt.eval.adapters import BENCHMARKS, Benchmark, EvalItem
+from paravt.eval.judging import judge_metrics, judge_report, score_batch
 from paravt.eval.needle import needle
 from paravt.eval.protocol import EvalConfig, agent_config, build_agent_loop
 from paravt.eval.results import (
@@ -41,6 +42,7 @@ from paravt.eval.results import (
     write_results,
 )
 from paravt.progress import track
+from paravt.rewards.judge import LLMJudge
 from paravt.rollout.engine import SamplingParams
 from paravt.types import Trajectory
 from paravt.video.reader import VideoError
@@ -112,6 +114,7 @@ def _run_batch(
     loop: AgentLoop,
     cfg: EvalConfig,
     fail_fast: bool = False,
+    judge: LLMJudge | None = None,
 ) -> list[dict[str, Any]]:
     params = SamplingParams(greedy=True, max_new_tokens=cfg.agent.max_new_tokens, seed=cfg.seed)
     try:
@@ -121,14 +124,18 @@ def _run_batch(
         if fail_fast:
             raise
         if len(batch) > 1:  # find the bad video; the others still get their answers
-            return [r for item in batch for r in _run_batch(benchmark, [item], loop, cfg)]
+            return [
+                r for item in batch for r in _run_batch(benchmark, [item], loop, cfg, judge=judge)
+            ]
         log.warning(
             "%s: %s (scored wrong; fail_fast=true stops here instead)", batch[0].sample.id, error
         )
         return [prediction_record(batch[0], benchmark.score(batch[0], ""), error=str(error))]
+    texts = [t.turns[-1].text if t.turns else "" for t in trajs]
+    scores = score_batch(benchmark, batch, texts, judge)
     return [
-        prediction_record(item, benchmark.score(item, t.turns[-1].text if t.turns else ""), t)
-        for item, t in zip(batch, trajs, strict=True)
+        prediction_record(item, score, t)
+        for item, score, t in zip(batch, scores, trajs, strict=True)
     ]
 
 
@@ -145,9 +152,11 @@ def run_benchmark(
     identity: Mapping[str, Any] | None = None,
     bad_rows: Sequence[str] = (),
     fail_fast: bool = False,
+    judge: LLMJudge | None = None,
 ) -> dict[str, float]:
     """Evaluate `items` (resuming from `out_dir/predictions.jsonl`); returns and writes metrics.
-    `identity` (model, annotations, engine, mode) is merged with the benchmark and protocol."""
+    `identity` (model, annotations, engine, mode) is merged with the benchmark and protocol;
+    `judge` scores open-ended answers (`paravt.eval.judging`)."""
     if agent_loop.cfg.forced_answer != benchmark.forced_answer:
         raise ValueError(
             f"the agent loop's forced-answer message is not benchmark {benchmark.name!r}'s; "
@@ -172,10 +181,10 @@ def run_benchmark(
     desc = f"{benchmark.name}: {len(runnable)} items in batches of {cfg.batch_size}, batch"
     for start in track(range(0, len(runnable), cfg.batch_size), desc=desc):
         batch = runnable[start : start + cfg.batch_size]
-        records = _run_batch(benchmark, batch, agent_loop, cfg, fail_fast)
+        records = _run_batch(benchmark, batch, agent_loop, cfg, fail_fast, judge)
         append_predictions(path, records)
         done.update((r["id"], r) for r in records)
-    return write_metrics(benchmark, items, done, out_dir, run_id, bad_rows)
+    return write_metrics(benchmark, items, done, out_dir, run_id, bad_rows, judge)
 
 
 def write_metrics(
@@ -185,14 +194,18 @@ def write_metrics(
     out_dir: str,
     identity: Mapping[str, Any] | None = None,
     bad_rows: Sequence[str] = (),
+    judge: LLMJudge | None = None,
 ) -> dict[str, float]:
-    """The benchmark's report over `items` from their records, plus tool-use and error counts;
+    """The benchmark's report over `items` from their records, plus tool-use and error counts
+    and, with open-ended items or a judge, the judge's counts (metrics.json's "judge" entry);
     metrics.json and results.md are written, the problems logged."""
     chosen = [records[i.sample.id] for i in items]
     metrics = benchmark.report(list(items), [r["score"] for r in chosen])
     metrics["tool_calls_per_sample"] = sum(r["num_calls"] for r in chosen) / max(1, len(chosen))
     metrics["video_errors"] = float(sum(r.get("error") is not None for r in chosen))
     metrics["bad_rows"] = float(len(bad_rows))
+    judged = judge_report(benchmark, items, [r["score"] for r in chosen], judge)
+    metrics.update(judge_metrics(judged))
     issues = problems(chosen, bad_rows)
     for line in issues[:20]:
         log.warning("%s", line)
@@ -200,5 +213,5 @@ def write_metrics(
         log.warning(
             "... %d problems in all, listed in %s", len(issues), os.path.join(out_dir, RESULTS)
         )
-    write_results(out_dir, identity or {"benchmark": benchmark.name}, metrics, issues)
+    write_results(out_dir, identity or {"benchmark": benchmark.name}, metrics, issues, judged)
     return metrics

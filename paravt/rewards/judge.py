@@ -11,8 +11,10 @@ snapped to the nearest of 0 / 0.5 / 1. A failed request (timeout, connection err
 (`backoff`, 2x, 4x ... seconds); an HTTP 4xx or an unparsable verdict is not. When it still fails
 the judge falls back to token F1 and counts it in `num_fallbacks` (the reason in `last_error`).
 
-`prefetch(items)` scores a step's answers concurrently (a pool of at most `max_workers` threads)
-into a cache that `__call__` reads, so the reward code keeps calling the judge one answer at a
+`verdict(...)` is the same without the fallback: None when the judge failed (counted), so an
+evaluation can fall back to its benchmark's own rule. `prefetch(items)` scores a step's answers
+concurrently (a pool of at most `max_workers` threads) into a cache that `__call__` and
+`verdict` read, so the reward code keeps calling the judge one answer at a
 time; `take_stats()` returns what happened since the last call (calls, fallbacks, last error)
 and empties the cache. Whether a share of fallbacks stops training is `judge_guard`'s decision.
 This module holds no credentials itself: the caller passes `api_key` (e.g. from an environment
@@ -127,7 +129,7 @@ class LLMJudge:
         self.num_fallbacks = 0
         self.last_error: str | None = None
         self._step = JudgeStats()
-        self._cache: dict[tuple[str, str], float] = {}
+        self._cache: dict[tuple[str, str], float | None] = {}  # None: fell back
         # Rewards may be computed from several threads; the counters must stay exact.
         self._lock = threading.Lock()
 
@@ -136,9 +138,17 @@ class LLMJudge:
         return f"{self.base_url}/chat/completions"
 
     def __call__(self, prediction: str, gold: str, question: str = "") -> float:
+        """The judge's score, or token F1 when it failed (counted as a fallback)."""
+        verdict = self.verdict(prediction, gold, question)
+        return verdict if verdict is not None else token_f1(prediction, gold)
+
+    def verdict(self, prediction: str, gold: str, question: str = "") -> float | None:
+        """The judge's 1 / 0.5 / 0 (from the step's cache when prefetched), or None when the
+        request failed after its retries (counted as a fallback): the caller picks the fallback."""
         with self._lock:
-            cached = self._cache.get((prediction, gold))
-        return cached if cached is not None else self._score(prediction, gold, question)
+            if (prediction, gold) in self._cache:
+                return self._cache[(prediction, gold)]
+        return self._verdict(prediction, gold, question)
 
     def prefetch(self, items: Sequence[tuple[str, str, str]]) -> None:
         """Score (prediction, gold, question) items concurrently into the step's cache."""
@@ -146,7 +156,7 @@ class LLMJudge:
         if not todo:
             return
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(todo))) as pool:
-            scores = list(pool.map(lambda item: self._score(*item), todo))
+            scores = list(pool.map(lambda item: self._verdict(*item), todo))
         with self._lock:
             self._cache.update({(p, g): v for (p, g, _), v in zip(todo, scores, strict=True)})
 
@@ -157,7 +167,7 @@ class LLMJudge:
             self._cache.clear()
         return stats
 
-    def _score(self, prediction: str, gold: str, question: str) -> float:
+    def _verdict(self, prediction: str, gold: str, question: str) -> float | None:
         with self._lock:
             self.num_calls += 1
             self._step = JudgeStats(self._step.calls + 1, self._step.fallbacks, self.last_error)
@@ -169,7 +179,7 @@ class LLMJudge:
                 self.last_error = f"{type(err).__name__}: {err}"
                 step = self._step
                 self._step = JudgeStats(step.calls, step.fallbacks + 1, self.last_error)
-            return token_f1(prediction, gold)
+            return None
 
     def _ask_with_retries(self, prediction: str, gold: str, question: str) -> float:
         for attempt in range(self.retries + 1):

@@ -22,7 +22,7 @@ BENCHMARK_CONFIGS = sorted(p.stem for p in (ROOT / "conf" / "benchmark").glob("*
 
 
 def test_every_benchmark_config_is_present():
-    expected = "charades longvideobench lvbench mlvu mmvu needle videomme videomme_sub"
+    expected = "charades longvideobench lvbench mlvu mmvu mmvu_oe needle videomme videomme_sub"
     assert expected.split() == BENCHMARK_CONFIGS
 
 

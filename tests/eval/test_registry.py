@@ -4,7 +4,16 @@ import pytest
 
 from paravt.eval.adapters import BENCHMARKS, get_benchmark
 
-NAMES = ["videomme", "videomme_sub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades"]
+NAMES = [
+    "videomme",
+    "videomme_sub",
+    "longvideobench",
+    "lvbench",
+    "mlvu",
+    "mmvu",
+    "mmvu_oe",
+    "charades",
+]
 
 
 def test_registry_names_and_protocol(tmp_path):

@@ -10,6 +10,7 @@ from paravt.eval.adapters.longvideobench import longvideobench
 from paravt.eval.adapters.lvbench import lvbench
 from paravt.eval.adapters.mlvu import mlvu
 from paravt.eval.adapters.mmvu import mmvu
+from paravt.eval.adapters.mmvu_open import mmvu_oe
 from paravt.eval.adapters.videomme import videomme, videomme_sub
 
 BENCHMARKS: dict[str, Callable[..., Benchmark]] = {
@@ -19,12 +20,14 @@ BENCHMARKS: dict[str, Callable[..., Benchmark]] = {
     "lvbench": lvbench,
     "mlvu": mlvu,
     "mmvu": mmvu,
+    "mmvu_oe": mmvu_oe,
     "charades": charades,
 }
 
 
 def get_benchmark(name: str, **kwargs) -> Benchmark:
-    """The benchmark `name` built with `kwargs` (videomme_sub: subtitle_root; mmvu: disciplines)."""
+    """The benchmark `name` built with `kwargs` (videomme_sub: subtitle_root; mmvu and mmvu_oe:
+    disciplines)."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose one of: {', '.join(BENCHMARKS)}")
     try:

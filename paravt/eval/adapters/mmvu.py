@@ -9,7 +9,9 @@ the video's subject folder through `DISCIPLINES`, the published mapping (lmms-ev
 Neurobiology are Science). A folder not in it is reported as discipline "other", and the
 folder name stays visible under "subject". Pass `disciplines=` to `mmvu()` for another mapping.
 
-This module deliberately does not score the open-ended part (it needs an LLM judge).
+The open-ended part (rules, then an LLM judge) is `benchmark=mmvu_oe`
+(`paravt.eval.adapters.mmvu_open`); this module deliberately keeps the paper's multiple-choice
+number apart from it.
 """
 
 from __future__ import annotations
