@@ -186,12 +186,9 @@ class GRPOModule(pl.LightningModule):
         no-op."""
         from paravt.parallel.fsdp import configure_sharding
 
-        if is_lora(self.policy) and Rank.current().world_size > 1:
-            raise NotImplementedError(
-                "model.lora with trainer=fsdp / fsdp_cpu is not supported yet: train LoRA on one "
-                "device (trainer=cpu or one GPU)"
-            )
-        configure_sharding(self, self.spec, self.policy, self.reference)
+        # LoRA: the reference is a view of the policy (adapters off), sharded with it.
+        frozen = self.reference if isinstance(self.reference, torch.nn.Module) else None
+        configure_sharding(self, self.spec, self.policy, frozen)
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
