@@ -3,7 +3,8 @@
 A few PARA-GRPO steps of GRPOModule with rank-4 adapters and the KL reference on (the policy
 with adapters off), through Lightning's ModelParallelStrategy on W CPU ranks over gloo (plain
 Lightning on one). After training each rank reports the gathered weights (adapters and base),
-the step metrics, a Lightning checkpoint's keys, and what the engines received: a fresh
+the step metrics, a Lightning checkpoint's keys (and writes the HF export to OUT/hf), and what
+the engines received: a fresh
 transformers engine copy (`engine_copy`) and a plain base model synced with `sync_weights`,
 with their log-probs next to the sharded policy's on the same trajectories.
 """
@@ -81,6 +82,7 @@ def run(model_dir: str, out: Path, batches_path: Path) -> dict:
     res["trainable"] = sorted(n for n, p in module.policy.named_parameters() if p.requires_grad)
     res |= _engines(module, model_dir, batches[0].trajectories[:4])
     res["checkpoint_keys"] = _checkpoint_keys(trainer, out / "last.ckpt")
+    module.export_hf(str(out / "hf"))  # every rank gathers, rank 0 writes
     return res
 
 
