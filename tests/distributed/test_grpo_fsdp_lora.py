@@ -67,8 +67,10 @@ def test_two_ranks_train_the_adapters_like_one_rank(runs, tiny_qwen3_dir):
 
 def test_losses_and_metrics_match(runs):
     one, two, _ = runs
-    # grad_norm is the norm of the global loss's gradient: equal only when the losses are.
-    keys = ("reward/mean", "grad_norm", "kl/reference", "update/trajectories")
+    # grad_norm is the norm of the global loss's gradient; the logged losses are weighed by
+    # each rank's trained tokens: both equal one process's.
+    keys = ("reward/mean", "grad_norm", "kl/reference", "update/trajectories", "loss/loss")
+    keys += ("loss/anchor", "loss/logprob_gap", "update/trained_tokens")
     assert len(one["metrics"]) == 3
     assert [m["update/trajectories"] for m in one["metrics"]] == [16.0, 16.0, 12.0]
     assert any(m["kl/reference"] > 0 for m in one["metrics"][1:])  # adapters moved off the base
@@ -77,11 +79,6 @@ def test_losses_and_metrics_match(runs):
             got = [m[k] for m in rank["metrics"]]
             want = [m[k] for m in one["metrics"]]
             assert got == pytest.approx(want, rel=1e-4, abs=1e-6), k
-        # The logged token-mean losses are the ranks' trajectory-weighted average
-        # (paravt.parallel.distributed.mean_over_ranks), not the global token mean: close only.
-        for k in ("loss/loss", "loss/anchor"):
-            got = [m[k] for m in rank["metrics"]]
-            assert got == pytest.approx([m[k] for m in one["metrics"]], rel=0.1, abs=1e-6), k
 
 
 def _merged(weights: dict) -> dict:
