@@ -5,19 +5,22 @@ its transformers class, so the forward code, the engines and the vision-tower he
 unchanged; only the adapters are trainable (the vision tower and every base weight frozen).
 - `BaseView(policy)`: the KL reference, the same module run with its adapters switched off
   (no second copy of the weights).
-- `merged_state_dict(policy)`: base + scale * B @ A under the base model's own parameter names,
-  what an engine with its own weights (vLLM) and the merged HF export load.
+- `iter_merged_state_dict(policy)` / `merged_state_dict(policy)`: base + scale * B @ A under the
+  base model's own parameter names, what an engine with its own weights (vLLM, a transformers
+  copy) and the merged HF export load.
 - `fold_adapters(policy)`: adds the adapters into the base weights and restarts them at zero
   (B = 0), so the policy is unchanged and the reference becomes the current policy.
 - `export_lora(policy, processor, path)`: the merged model at `path` (transformers / vLLM load it
   as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`).
 QLoRA (`load_in_4bit`) needs bitsandbytes' CUDA kernels: `check_qlora` refuses it elsewhere.
-This module deliberately does not support FSDP2 sharding of adapters (not tested here).
+Under FSDP2 the adapters sit inside the sharded decoder layers like any parameter (fully_shard
+keeps each parameter's requires_grad); `iter_merged_state_dict` gathers the shards and merges the
+gathered factors, bucket by bucket, for the engines and the export.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import torch
 from paravt.errors import UserError
 
 ADAPTER = "default"
+INIT_SEED = 0  # the adapters' initialisation (A: kaiming-uniform draws, B: zeros)
 # The language model's linear layers; the vision tower's are never matched.
 LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -115,7 +119,11 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
         bias="none",
     )
     try:
-        model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+        # A fixed generator for the A factors: every process (each FSDP rank, a resume, the
+        # 1-process run a sharded one is compared with) starts from the same adapters.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(INIT_SEED)
+            model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     except ValueError as err:  # peft: "Target modules ... not found in the base model"
         if "not found" not in str(err):
             raise
@@ -161,26 +169,85 @@ class BaseView:
         return getattr(self.policy, name)
 
 
+def iter_merged_state_dict(
+    model: torch.nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Buckets of (name, full tensor) of the merged model (base + scale * B @ A, the base model's
+    names), each bucket about `bucket_bytes`; `device` None keeps each tensor's own device.
+
+    An FSDP2-sharded model is gathered tensor by tensor (`full_tensor`, a collective every rank
+    runs in the same order) and each adapted weight merged from its gathered base weight and
+    factors, so at most one bucket of full weights exists besides the shards.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in _merged_items(model):
+        tensor = tensor if device is None else tensor.to(device)
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
 @torch.no_grad()
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's state dict with every adapter merged in (keys as without LoRA)."""
-    deltas = {
-        f"{name}.weight": layer.get_delta_weight(ADAPTER)
-        for name, layer in lora_layers(model).items()
-        if ADAPTER in layer.lora_A
-    }
-    out: dict[str, torch.Tensor] = {}
+def _merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, merged full tensor), in the order of `model.state_dict()`."""
+    layers = {n: m for n, m in lora_layers(model).items() if ADAPTER in m.lora_A}
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> its gathered base, A, B
+    parts = {".base_layer.weight": "W", f".lora_A.{ADAPTER}.weight": "A"}
+    parts[f".lora_B.{ADAPTER}.weight"] = "B"
     for key, value in model.state_dict().items():
-        if ".lora_" in key:
+        module, part = next(
+            ((key[: -len(s)], p) for s, p in parts.items() if key.endswith(s)), (None, None)
+        )
+        if module not in layers:
+            if ".lora_" not in key:  # another adapter's factors are not part of the model
+                yield key.replace(".base_layer.", "."), _gathered(value)
             continue
-        key = key.replace(".base_layer.", ".")
-        out[key] = value + deltas[key].to(value.dtype) if key in deltas else value
-    return out
+        got = pending.setdefault(module, {})
+        got[part] = _gathered(value)
+        if len(got) == 3:
+            del pending[module]
+            yield f"{module}.weight", _merge(layers[module], got)
+    if pending:
+        raise RuntimeError(f"LoRA layers without base weight or factors: {sorted(pending)}")
+
+
+def _gathered(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a shard (a collective: every rank, same order) or `t` itself."""
+    from torch.distributed.tensor import DTensor
+
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _merge(layer, got: dict[str, torch.Tensor]) -> torch.Tensor:
+    """W + scale * B @ A of one adapted linear layer ([out, in]; transposed for fan_in_fan_out)."""
+    delta = (got["B"].float() @ got["A"].float()) * layer.scaling[ADAPTER]  # [out, r] @ [r, in]
+    if getattr(layer, "fan_in_fan_out", False):
+        delta = delta.T
+    return got["W"] + delta.to(got["W"].dtype)
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's state dict with every adapter merged in (keys as without LoRA); from a
+    sharded model, gathered (every rank calls it and gets the full tensors)."""
+    return {n: t for bucket in iter_merged_state_dict(model) for n, t in bucket}
 
 
 @torch.no_grad()
 def fold_adapters(model: torch.nn.Module) -> None:
-    """Base weight += adapter delta, then the adapter restarts (B = 0): same policy outputs."""
+    """Base weight += adapter delta, then the adapter restarts (B = 0): same policy outputs.
+    One process only (the cold start that calls it refuses FSDP)."""
+    from paravt.parallel.distributed import is_sharded
+
+    if is_sharded(model):
+        raise NotImplementedError("fold_adapters on an FSDP2-sharded policy: fold on one process")
     for layer in lora_layers(model).values():
         base = layer.get_base_layer()
         base.weight += layer.get_delta_weight(ADAPTER).to(base.weight.dtype)
@@ -189,18 +256,25 @@ def fold_adapters(model: torch.nn.Module) -> None:
 
 def export_lora(model: torch.nn.Module, processor, path: str | Path, base_path: str | None) -> None:
     """The merged model at `path`, the adapter alone (peft format) at `path/adapter`."""
+    import torch.distributed as dist
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     path = Path(path)
-    model.save_pretrained(str(path), state_dict=merged_state_dict(model))
+    merged = merged_state_dict(model)  # sharded: every rank gathers, rank 0 writes
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    # peft's own layout: PeftModel wraps the model as `base_model.model`
+    state = {f"base_model.model.{k}": _gathered(v).contiguous() for k, v in state.items()}
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        dist.barrier()
+        return
+    model.save_pretrained(str(path), state_dict=merged)
     if processor is not None:
         processor.save_pretrained(str(path))
     adapter = path / "adapter"
     config = model.peft_config[ADAPTER]
     config.base_model_name_or_path = base_path
     config.save_pretrained(str(adapter))
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    # peft's own layout: PeftModel wraps the model as `base_model.model`
-    state = {f"base_model.model.{k}": v.contiguous() for k, v in state.items()}
     save_file(state, str(adapter / "adapter_model.safetensors"))
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

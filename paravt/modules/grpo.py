@@ -186,12 +186,9 @@ class GRPOModule(pl.LightningModule):
         no-op."""
         from paravt.parallel.fsdp import configure_sharding
 
-        if is_lora(self.policy) and Rank.current().world_size > 1:
-            raise NotImplementedError(
-                "model.lora with trainer=fsdp / fsdp_cpu is not supported yet: train LoRA on one "
-                "device (trainer=cpu or one GPU)"
-            )
-        configure_sharding(self, self.spec, self.policy, self.reference)
+        # LoRA: the reference is a view of the policy (adapters off), sharded with it.
+        frozen = self.reference if isinstance(self.reference, torch.nn.Module) else None
+        configure_sharding(self, self.spec, self.policy, frozen)
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -232,8 +229,12 @@ class GRPOModule(pl.LightningModule):
         metrics |= batch.counts | judged
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
         # Ranks hold unequal shares when B is not a multiple of W: weigh each by its rollouts.
-        sums = ("update/trajectories", *SKIP_SUMS)
+        sums = ("update/trajectories", "update/trained_tokens", *SKIP_SUMS)
+        # The losses (token-weighted within a rank) are weighed by each rank's trained tokens:
+        # with one mini-batch a step they are the global batch's, as one process logs them.
+        losses = {k: metrics.pop(k) for k in [k for k in metrics if k.startswith("loss/")]}
         metrics = mean_over_ranks(metrics, sums=sums, weight=len(trajs))
+        metrics |= mean_over_ranks(losses, weight=update["update/trained_tokens"])
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(trajs))
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=len(trajs))
         self.reward_history.append((batch.step, metrics["reward/mean"]))
@@ -318,6 +319,7 @@ class GRPOModule(pl.LightningModule):
                     self.lr_schedulers().step()
                 self.policy_version += 1
         sums["update/trajectories"] = float(len(items))
+        sums["update/trained_tokens"] = float(sum(t.num_trained_tokens for t, _, _ in items))
         return sums
 
     def _proximal_logprobs(self, trajs, temperature: float) -> list[torch.Tensor | None]:

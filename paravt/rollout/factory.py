@@ -33,20 +33,18 @@ def engine_copy(model, cfg: EngineConfig):
     FSDP2-sharded model, a fresh module of the same config filled from the gathered shards)."""
     import torch
 
-    from paravt.models.lora import is_lora, merged_state_dict
+    from paravt.models.lora import is_lora, iter_merged_state_dict
     from paravt.parallel.distributed import is_sharded, iter_full_state_dict, load_buckets
 
-    if is_lora(model):  # the engine gets the merged weights in a plain model of the base class
-        clone = type(model)._from_config(model.config, dtype=next(model.parameters()).dtype)
-        clone.load_state_dict(merged_state_dict(model))
-        return clone.requires_grad_(False).eval()
-    if not is_sharded(model):
+    if not is_sharded(model) and not is_lora(model):
         return copy.deepcopy(model)
-
+    # LoRA: the merged weights in a plain model of the base class (gathered when sharded)
     first = next(model.parameters())
-    with torch.device(first.to_local().device):
+    device = first.to_local().device if is_sharded(model) else first.device
+    with torch.device(device):
         clone = type(model)._from_config(model.config, dtype=first.dtype)
-    load_buckets(clone, iter_full_state_dict(model, cfg.sync_bucket_mb << 20, first.device))
+    gather = iter_merged_state_dict if is_lora(model) else iter_full_state_dict
+    load_buckets(clone, gather(model, cfg.sync_bucket_mb << 20, device))
     return clone.requires_grad_(False).eval()
 
 

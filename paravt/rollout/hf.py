@@ -68,14 +68,15 @@ class TransformersEngine:
     def sync_weights(self, policy, version: int) -> None:
         # Same process, same module: the weights are already shared; only the version moves.
         # A copy: from an FSDP2-sharded policy, gathered bucket by bucket (every rank calls this).
-        if policy is not self.model and is_sharded(policy):
-            device = next(self.model.parameters()).device
-            load_buckets(self.model, iter_full_state_dict(policy, self.sync_bucket_bytes, device))
-        elif policy is not self.model:
-            from paravt.models.lora import is_lora, merged_state_dict
+        # LoRA: base + adapters merged, under the base model's names (gathered when sharded).
+        from paravt.models.lora import is_lora, iter_merged_state_dict
 
-            merged = is_lora(policy)  # LoRA: base + adapters, under the base model's names
-            self.model.load_state_dict(merged_state_dict(policy) if merged else policy.state_dict())
+        if policy is not self.model and (is_lora(policy) or is_sharded(policy)):
+            device = next(self.model.parameters()).device
+            gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
+            load_buckets(self.model, gather(policy, self.sync_bucket_bytes, device))
+        elif policy is not self.model:
+            self.model.load_state_dict(policy.state_dict())
         self._version = version
 
     @torch.no_grad()

@@ -190,8 +190,11 @@ class VLLMEngine:
             ) from err
         path = model_path
         if path is None:
+            from paravt.models.lora import is_lora, merged_state_dict
+
             path = tempfile.mkdtemp(prefix="paravt_vllm_")
-            model.save_pretrained(path)
+            merged = merged_state_dict(model) if is_lora(model) else None  # LoRA: base names
+            model.save_pretrained(path, state_dict=merged)
             processor.save_pretrained(path)
         llm = vllm.LLM(**llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt))
         _silence_repeats()  # vLLM installs its log handler while the engine starts
@@ -350,17 +353,14 @@ class VLLMEngine:
         from the shards of an FSDP2 policy: every rank calls this, each for its own engine)."""
         import torch
 
-        from paravt.models.lora import is_lora, merged_state_dict
+        from paravt.models.lora import is_lora, iter_merged_state_dict
         from paravt.parallel.distributed import iter_full_state_dict
 
         dtype = getattr(torch, self.cfg.dtype)
         device = next(policy.parameters()).device if _on_gpu() else "cpu"
-        if is_lora(policy):  # vLLM loads the base model's names: base + adapter, merged
-            yield from (
-                (n, t.to(device=device, dtype=dtype)) for n, t in merged_state_dict(policy).items()
-            )
-            return
-        for bucket in iter_full_state_dict(policy, self.cfg.sync_bucket_mb * 2**20, device):
+        # LoRA: vLLM loads the base model's names, base + adapter merged (gathered if sharded)
+        gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
+        for bucket in gather(policy, self.cfg.sync_bucket_mb * 2**20, device):
             yield from ((name, t.to(dtype)) for name, t in bucket)
 
     def _reset_caches(self) -> None:

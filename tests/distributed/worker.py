@@ -452,8 +452,11 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     scenario, model_dir, out = argv[0], argv[1], Path(argv[2])
     ckpt = Path(argv[3]) if len(argv) > 3 else out / "ckpt"
-    if scenario in ("lightning", "grpo"):  # Lightning sets up (and owns) the process group
-        run = scenario_lightning if scenario == "lightning" else scenario_grpo
+    if scenario in ("lightning", "grpo", "lora"):  # Lightning sets up (owns) the process group
+        from lora_worker import run as scenario_lora  # tests/distributed/lora_worker.py
+
+        run = {"lightning": scenario_lightning, "grpo": scenario_grpo, "lora": scenario_lora}
+        run = run[scenario]
         res = run(model_dir, out, ckpt)
         torch.save(res, out / f"rank{int(os.environ.get('RANK', '0'))}.pt")
         leave_group()  # as train.py does after its job

