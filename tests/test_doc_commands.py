@@ -7,13 +7,20 @@ not run. What each kind gets:
 
 - every `train.py` / `evaluate.py` command composes with its overrides as written (a sweep at its
   first values; placeholders DIR / FILE stay strings) and its light groups instantiate;
-- GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) stop there;
+- GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) are not
+  run (no GPU): the training ones and every `paravt check-recipe` shown pass the recipe check
+  with a memory plan, and each stands under a "GPU" label (a heading, table header or comment);
 - the error examples of docs/errors.md are run and must print what the page shows
   (`test_the_error_examples_print_what_docs_errors_md_shows`);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
   like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`). The CPU training
-  commands of the tables run for one step in tests/test_readme.py.
+  commands of the tables run for one step in tests/test_readme.py;
+- the vLLM commands (`rollout/engine=vllm`, `--engine vllm`) run the same way in the vLLM
+  environment (marker `vllm`, `make test-vllm`): train, then evaluate and `paravt rollout` on
+  the policy it exported, with no traceback even at exit
+  (`test_the_vllm_commands_run_from_a_fresh_folder`). docs/judge.md's server command is started
+  as written by tests/rewards/test_judge_vllm.py.
 """
 
 from __future__ import annotations
@@ -231,8 +238,8 @@ VLLM_CAPS = {  # as written, plus caps that keep each command to a step or two (
     "rollout.group_size=2 rollout.agent.max_rounds=1 rollout.agent.max_new_tokens=8 "
     "data.generate.num_train=4 data.generate.num_eval=2 cold_start.steps=1 "
     "cold_start.oracle_steps=1 cold_start.batch_size=2 cold_start.eval_limit=2 "
-    "cold_start.report_limit=2 callbacks.benchmark_validation.limit=1 "
-    "callbacks.benchmark_validation.every_n_steps=1",
+    "cold_start.report_limit=2 cold_start.report_budgets=[4] "
+    "callbacks.benchmark_validation.limit=1 callbacks.benchmark_validation.every_n_steps=1",
     "python evaluate.py rollout/engine=vllm benchmark=needle model.path=runs/demo/hf": "limit=1",
     "paravt rollout --engine vllm --model runs/demo/hf --data artifacts/needle_demo/eval.jsonl": (
         "--num 1 --group 2 --budget 4 --rounds 1 --max-new-tokens 16"
