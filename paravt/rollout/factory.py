@@ -59,17 +59,17 @@ def check_context(max_model_len: int, model_config) -> None:
     limit = getattr(text, "max_position_embeddings", None)
     if limit is not None and max_model_len > int(limit):
         raise ValueError(
-            f"rollout.engine.max_model_len={max_model_len} (it follows "
-            f"rollout.agent.max_total_tokens) is above the model's context of {int(limit)} "
-            "tokens (max_position_embeddings in its config.json), which vLLM refuses: set "
-            f"rollout.agent.max_total_tokens={int(limit)} or lower"
+            f"rollout.engine.max_model_len={max_model_len} is above the model's context of "
+            f"{int(limit)} tokens (max_position_embeddings in its config.json), which vLLM "
+            f"refuses: set rollout.agent.max_total_tokens={int(limit)} or lower (the engine's "
+            "max_model_len follows it unless rollout.engine.max_model_len is set)"
         )
 
 
 def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
     from paravt.rollout.vllm import VLLMEngine
 
-    check_context(cfg.max_model_len, model.config)
+    check_context(cfg.max_model_len, getattr(model, "config", None))
     return VLLMEngine.from_model(cfg, model, processor, model_path)
 
 
