@@ -7,17 +7,25 @@ not run. What each kind gets:
 
 - every `train.py` / `evaluate.py` command composes with its overrides as written (a sweep at its
   first values; placeholders DIR / FILE stay strings) and its light groups instantiate;
-- GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) stop there;
+- GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) are not
+  run (no GPU): the training ones and every `paravt check-recipe` shown pass the recipe check
+  with a memory plan, and each stands under a "GPU" label (a heading, table header or comment);
 - the error examples of docs/errors.md are run and must print what the page shows
   (`test_the_error_examples_print_what_docs_errors_md_shows`);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
   like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`). The CPU training
-  commands of the tables run for one step in tests/test_readme.py.
+  commands of the tables run for one step in tests/test_readme.py;
+- the vLLM commands (`rollout/engine=vllm`, `--engine vllm`) run the same way in the vLLM
+  environment (marker `vllm`, `make test-vllm`): train, then evaluate and `paravt rollout` on
+  the policy it exported, with no traceback even at exit
+  (`test_the_vllm_commands_run_from_a_fresh_folder`). docs/judge.md's server command is started
+  as written by tests/rewards/test_judge_vllm.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -100,6 +108,40 @@ def test_each_command_composes_and_its_light_groups_instantiate(command, tmp_pat
             assert instantiate(cfg[group]) is not None, group
     if name == "train" and cfg.get("stage", "rl") == "rl":
         assert cfg.trainer.accelerator == ("gpu" if is_gpu(command) else "cpu"), command
+
+
+# GPU training commands, and the `paravt check-recipe` commands shown, pass the recipe check
+# (devices x nodes, batch split, engine context, a per-GPU memory plan from published sizes).
+RECIPES = [c for c in HYDRA if is_gpu(c) and c.split()[1] == "train.py"]
+RECIPES += [c for _, c in COMMANDS if c.startswith("paravt check-recipe")]
+
+
+@pytest.mark.parametrize("command", RECIPES, ids=lambda c: c[:80])
+def test_each_gpu_training_command_passes_check_recipe(command, capsys):
+    from paravt.run.recipe import main
+
+    code = main(shlex.split(command)[2:])
+    out = capsys.readouterr().out
+    assert code == 0 and "recipe OK" in out, f"{command}\n{out}"
+    if is_gpu(command) and "experiment=sft" not in command:  # RL: the memory plan too
+        assert "memory plan per GPU" in out, out
+
+
+def _sections(text: str) -> list[str]:
+    """The page cut at each heading (a `#` line, code comments included), whitespace joined."""
+    return [" ".join(part.split()) for part in re.split(r"^(?=#+ [A-Za-z])", text, flags=re.M)]
+
+
+def test_every_gpu_command_is_labelled_gpu_where_it_stands():
+    """A reader sees "GPU" between the heading above a GPU command and the command (a table's
+    header, a code comment, the heading itself): nothing in the docs ran them (no GPU)."""
+    gpu = [(p, c) for p, c in COMMANDS if is_gpu(c)]
+    assert len(gpu) >= 10, gpu
+    for page, command in gpu:
+        flat = " ".join(command.split())
+        sections = [s for p in PAGES if p.name == page for s in _sections(p.read_text())]
+        where = [s[: s.index(flat)] for s in sections if flat in s]
+        assert where and "GPU" in where[0], f"{page}: {command} is not labelled GPU"
 
 
 def test_every_paravt_tool_shown_exists():
@@ -187,3 +229,42 @@ def test_the_cpu_chain_runs_from_a_fresh_folder(fresh):
     assert (fresh / "runs" / "demo" / "hf" / "paravt_protocol.json").exists()
     assert (fresh / "sft.jsonl").read_text().count("\n") >= 1  # the teacher rows
     assert list((fresh / "runs" / "eval" / "needle" / "parallel").glob("*/metrics.json"))
+
+
+# ---- the vLLM environment's commands (marker `vllm`: `make test-vllm` runs them in .venv-vllm)
+VLLM = re.compile(r"rollout/engine=vllm|--engine vllm")
+VLLM_CAPS = {  # as written, plus caps that keep each command to a step or two (docs/development.md)
+    "python train.py rollout/engine=vllm": "trainer.max_steps=2 data.batch_size=1 "
+    "rollout.group_size=2 rollout.agent.max_rounds=1 rollout.agent.max_new_tokens=8 "
+    "data.generate.num_train=4 data.generate.num_eval=2 cold_start.steps=1 "
+    "cold_start.oracle_steps=1 cold_start.batch_size=2 cold_start.eval_limit=2 "
+    "cold_start.report_limit=2 cold_start.report_budgets=[4] "
+    "callbacks.benchmark_validation.limit=1 callbacks.benchmark_validation.every_n_steps=1",
+    "python evaluate.py rollout/engine=vllm benchmark=needle model.path=runs/demo/hf": "limit=1",
+    "paravt rollout --engine vllm --model runs/demo/hf --data artifacts/needle_demo/eval.jsonl": (
+        "--num 1 --group 2 --budget 4 --rounds 1 --max-new-tokens 16"
+    ),
+}
+
+
+def test_every_vllm_command_shown_is_run_by_the_vllm_chain():
+    shown = {c for _, c in COMMANDS if VLLM.search(c)}
+    assert shown == set(VLLM_CAPS), shown ^ set(VLLM_CAPS)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_the_vllm_commands_run_from_a_fresh_folder(tmp_path):
+    """The three commands of docs/engines.md in one fresh folder, in order (the training run
+    makes the tiny model, the needle data and runs/demo/hf the other two use)."""
+    outputs = {}
+    for command, caps in VLLM_CAPS.items():
+        result = _run(f"{command} {caps}", tmp_path)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, command + "\n" + out[-4000:]
+        assert "Traceback" not in out, command + "\n" + out[-4000:]  # not even at exit
+        outputs[command.split()[1]] = result.stdout
+    assert (tmp_path / "runs" / "demo" / "hf" / "paravt_protocol.json").exists()
+    (metrics,) = (tmp_path / "runs" / "eval" / "needle" / "parallel").glob("*/metrics.json")
+    assert json.loads(metrics.read_text())["run"]["engine"] == "vllm"
+    assert outputs["rollout"].count("=== sample ") == 2  # 1 sample x 2 rollouts printed

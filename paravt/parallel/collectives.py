@@ -21,6 +21,7 @@ as it would fail under real NCCL. The 2-rank tests run with that rule on.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -160,4 +161,20 @@ def leave_group(wait_for_peers: bool = True) -> None:
         if wait_for_peers and dist.get_world_size() > 1:
             dist.barrier()
     finally:
+        _destroy_groups()
+
+
+def _destroy_groups() -> None:
+    """The default group and, when an in-process vLLM engine made groups of its own (its
+    world, tensor- and pipeline-parallel groups; on a CPU the default group is vLLM's), those
+    first, through vLLM's own teardown. Destroying only the default group left vLLM's groups
+    registered: the engine's shutdown at interpreter exit then destroyed a group torch no longer
+    knew and printed `ValueError: Invalid process group specified` after a finished
+    `train.py rollout/engine=vllm`. vLLM is never imported here: only a process that runs it
+    has its state module loaded."""
+    vllm_state = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_state is not None:
+        vllm_state.destroy_model_parallel()
+        vllm_state.destroy_distributed_environment()
+    if dist.is_initialized():
         dist.destroy_process_group()

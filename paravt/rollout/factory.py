@@ -48,9 +48,26 @@ def engine_copy(model, cfg: EngineConfig):
     return clone.requires_grad_(False).eval()
 
 
+def check_context(max_model_len: int, model_config) -> None:
+    """vLLM refuses a `max_model_len` above the checkpoint's position range, a minute into its
+    start-up and in its own words; say it first, with the paravt key that sets it. The key
+    follows `rollout.agent.max_total_tokens` (65,536 in evaluation, 4,096 in the demo), so a
+    checkpoint with a shorter context (the tiny model: 8,192) needs that lowered."""
+    text = getattr(model_config, "text_config", None) or model_config
+    limit = getattr(text, "max_position_embeddings", None)
+    if limit is not None and max_model_len > int(limit):
+        raise ValueError(
+            f"rollout.engine.max_model_len={max_model_len} is above the model's context of "
+            f"{int(limit)} tokens (max_position_embeddings in its config.json), which vLLM "
+            f"refuses: set rollout.agent.max_total_tokens={int(limit)} or lower (the engine's "
+            "max_model_len follows it unless rollout.engine.max_model_len is set)"
+        )
+
+
 def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
     from paravt.rollout.vllm import VLLMEngine
 
+    check_context(cfg.max_model_len, getattr(model, "config", None))
     return VLLMEngine.from_model(cfg, model, processor, model_path)
 
 

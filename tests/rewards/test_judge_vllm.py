@@ -7,12 +7,15 @@ which the guard turns into an error naming the endpoint (issue 25 item 4)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeFailure, JudgeGuard
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+ROOT = Path(__file__).resolve().parents[2]
 CHOICE = {"structured_outputs": {"choice": ["CORRECT", "PARTIAL", "INCORRECT"]}}
 START_TIMEOUT_S = 1200  # start-up took ~6 min on 2 shared cores
 
@@ -30,6 +34,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def documented_server(model_dir, port: int) -> list[str]:
+    """docs/judge.md's server command as written, serving `model_dir` as JUDGE_DIR on `port`,
+    plus what the tiny model on a shared CPU needs: loopback only, eager mode (no compilation),
+    a short context and no media inputs."""
+    text = (ROOT / "docs" / "judge.md").read_text()
+    line = re.search(r"^python -m vllm\.entrypoints\.openai\.api_server .*$", text, re.M)
+    assert line, "docs/judge.md shows no `python -m vllm.entrypoints.openai.api_server` command"
+    argv = [str(model_dir) if a == "JUDGE_DIR" else a for a in shlex.split(line.group(0))]
+    argv[argv.index("--port") + 1] = str(port)
+    cpu = ["--host", "127.0.0.1", "--max-model-len", "1024", "--enforce-eager"]
+    return [sys.executable, *argv[1:], *cpu, "--limit-mm-per-prompt", '{"video": 0, "image": 0}']
+
+
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory) -> Iterator[str]:
     port = _free_port()
@@ -37,24 +54,7 @@ def server(tiny_qwen3_dir, tmp_path_factory) -> Iterator[str]:
     env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(tiny_qwen3_dir),
-            "--served-model-name",
-            "judge",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            "1024",
-            "--enforce-eager",
-            "--limit-mm-per-prompt",
-            '{"video": 0, "image": 0}',
-        ],
+        documented_server(tiny_qwen3_dir, port),
         env={**os.environ, **env},
         stdout=log,
         stderr=subprocess.STDOUT,
