@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,11 @@ class _StepBatches(Dataset):
         return self.steps
 
     def __getitem__(self, i: int) -> PromptBatch:
+        whole = self.whole(i)
+        return replace(whole, samples=shard_prompts(whole.samples, self.rank, self.world))
+
+    def whole(self, i: int) -> PromptBatch:
+        """The prompt batch of global step `start + i`, every rank's share."""
         step = self.start + i
         n = len(self.samples)
         first = step * self.batch_size
@@ -61,8 +66,7 @@ class _StepBatches(Dataset):
             if e not in self._orders:
                 self._orders[e] = epoch_order(n, e, self.seed, self.shuffle)
             picked.append(self.samples[self._orders[e][k]])
-        mine = shard_prompts(picked, self.rank, self.world)
-        return PromptBatch(step=step, epoch=epoch, samples=mine)
+        return PromptBatch(step=step, epoch=epoch, samples=tuple(picked))
 
 
 class PromptDataModule(pl.LightningDataModule):

@@ -7,7 +7,14 @@ the staleness gate lets start (`paravt.rollout.staleness`), and takes step t's t
 waiting only if they are not there yet. A batch that arrives more than `rollout.max_staleness`
 updates behind the trainer is dropped (counted in `rollout/stale_dropped`) and regenerated
 in-process with the current weights. With max_staleness = 0 nothing overlaps and the rollouts
-are those of `rollout.mode=sync`. Glue: no arithmetic of its own.
+are those of `rollout.mode=sync`.
+
+Under an FSDP2 trainer (W ranks) rank 0 owns the generator, which samples every step's whole
+prompt batch: after each update every rank joins the gather of the full weights from the shards
+(a collective) and rank 0 publishes them; rank 0 takes the step's rollouts and broadcasts them
+(`paravt.parallel.collectives.on_rank0`, which hands a generator error to every rank too), and
+each rank keeps its own share of the groups (`shard_bounds`, as the prompt loader deals them).
+Glue: no arithmetic of its own.
 """
 
 from __future__ import annotations
@@ -16,9 +23,15 @@ import os
 from dataclasses import replace
 
 from paravt.modules.async_worker import AsyncGenerator, GeneratorSpec, GenResult, GenTask
+from paravt.parallel.collectives import on_rank0
+from paravt.parallel.distributed import Rank, shard_bounds
 from paravt.rollout.records import RolloutBatch
-from paravt.rollout.shared_weights import SharedWeights
+from paravt.rollout.shared_weights import SharedWeights, gather_only
 from paravt.rollout.staleness import last_startable_step, too_stale
+
+# Counts summed over the ranks (paravt.modules.grpo.SKIP_SUMS) that every rank here holds for
+# the whole batch: reported by rank 0 alone.
+WHOLE_BATCH_COUNTS = ("data/skipped_prompts", "data/undecodable_videos")
 
 
 def split_cores(cores: list[int], generator_cores: int | None) -> tuple[list[int], list[int]]:
@@ -32,24 +45,28 @@ def split_cores(cores: list[int], generator_cores: int | None) -> tuple[list[int
 
 
 class AsyncRollouts:
-    """The generator process, the weights it reads, and which steps were submitted."""
+    """The generator process (rank 0's), the weights it reads, and which steps were submitted."""
 
     def __init__(self, datamodule, module):
         import torch
         import torch.multiprocessing as mp
 
-        from paravt.parallel.distributed import is_sharded
-
-        if is_sharded(module.policy):
-            raise ValueError(
-                "rollout.mode=async is not implemented for a sharded (FSDP2) trainer yet; "
-                "use rollout.mode=sync with trainer=fsdp"
-            )
         cfg = datamodule.rollout
-        self.dm, self.cfg = datamodule, cfg
+        self.dm, self.cfg, self.rank = datamodule, cfg, Rank.current()
         self.updates_per_step = int(getattr(module, "updates_per_step", 1))
+        self.bucket_bytes = cfg.engine.sync_bucket_mb << 20
+        self.published = module.policy_version
+        self.weights, self.generator = None, None  # rank 0's only
+        self.saved = (set(), torch.get_num_threads())
+        self.submitted: dict[int, GenTask] = {}  # step -> its task, until taken
+        self.next_step: int | None = None  # the first step not yet submitted
+        self.dropped = 0  # trajectories dropped as too stale
+        self.wait_s = 0.0
+        if self.rank.rank != 0:
+            gather_only(module.policy, self.bucket_bytes)  # rank 0's SharedWeights.create
+            return
         self.weights = SharedWeights.create(
-            module.policy, module.policy_version, mp.get_context("spawn")
+            module.policy, module.policy_version, mp.get_context("spawn"), "cpu", self.bucket_bytes
         )
         all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.saved = (set(all_cores), torch.get_num_threads())
@@ -67,23 +84,30 @@ class AsyncRollouts:
         if mine and mine != all_cores:
             os.sched_setaffinity(0, set(mine))
             torch.set_num_threads(len(mine))
-        self.submitted: dict[int, GenTask] = {}  # step -> its task, until taken
-        self.next_step: int | None = None  # the first step not yet submitted
-        self.dropped = 0  # trajectories dropped as too stale
-        self.wait_s = 0.0
 
     def _task(self, step: int) -> GenTask | None:
-        batch = self.dm.prompt_batch(step)
+        batch = self.dm.prompt_batch(step)  # the whole batch: every rank's share
         if batch is None:
             return None
-        samples = tuple(s for s in batch.samples if s.video not in self.dm.bad_videos)
+        bad = self.dm.bad_videos
+        samples = tuple(s for s in batch.samples if s.video not in bad)
+        skipped = tuple((s.id, bad[s.video]) for s in batch.samples if s.video in bad)
         budgets = tuple(self.dm.budgets(samples, batch.epoch))
-        return GenTask(step, samples, budgets, self.cfg.group_size, self.dm.sampling(step))
+        params = self.dm.sampling(step)
+        return GenTask(step, samples, budgets, self.cfg.group_size, params, skipped)
 
-    def take(self, step: int, module) -> tuple[GenTask, GenResult, float] | None:
-        """Step `step`'s rollouts (publishing the weights and submitting ahead first)."""
-        if module.policy_version != self.weights.version:
-            self.weights.publish(module.policy, module.policy_version)
+    def _publish(self, module) -> None:
+        """The trainer's new weights into the shared copy (every rank joins the gather)."""
+        if module.policy_version == self.published:
+            return
+        if self.weights is None:
+            gather_only(module.policy, self.bucket_bytes)
+        else:
+            self.weights.publish(module.policy, module.policy_version, self.bucket_bytes)
+        self.published = module.policy_version
+
+    def _fetch(self, step: int) -> tuple[GenTask, GenResult, float]:
+        """Rank 0: submit every step the gate lets start, then wait for step `step`'s result."""
         if self.next_step is None:
             self.next_step = step
         last = last_startable_step(step, self.cfg.max_staleness, self.updates_per_step)
@@ -95,7 +119,13 @@ class AsyncRollouts:
             self.submitted[task.step] = task
             self.next_step += 1
         result, waited = self.generator.take(step)
-        task = self.submitted.pop(step)
+        return self.submitted.pop(step), result, waited
+
+    def take(self, step: int, module) -> tuple[GenTask, GenResult, float] | None:
+        """Step `step`'s rollouts, the whole batch's on every rank (publishing the weights and
+        submitting ahead first); None when they are too stale to train on."""
+        self._publish(module)
+        task, result, waited = on_rank0(lambda: self._fetch(step))
         self.wait_s += waited
         if too_stale(module.policy_version, result.version, self.cfg.max_staleness):
             self.dropped += len(result.trajectories)
@@ -105,28 +135,42 @@ class AsyncRollouts:
     def close(self) -> None:
         import torch
 
-        self.generator.close()
+        if self.generator is not None:
+            self.generator.close()
         cores, threads = self.saved
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads)
 
 
+def _share(task: GenTask, samples, budgets, trajs, rank: Rank) -> tuple[list, list, list]:
+    """This rank's contiguous share of the whole batch's groups (as the prompt loader deals)."""
+    lo, hi = shard_bounds(len(samples), rank.rank, rank.world_size)
+    g = task.group_size
+    return samples[lo:hi], budgets[lo:hi], trajs[lo * g : hi * g]
+
+
 def rollout_batch(dm, batch, module, got: tuple[GenTask, GenResult, float]) -> RolloutBatch:
-    """The `RolloutBatch` of a generator result (bad videos dropped as in sync mode)."""
+    """This rank's `RolloutBatch` of a generator result (bad videos dropped as in sync mode;
+    every rank keeps the whole batch's record of them, rank 0 reports it)."""
     task, result, waited = got
     samples, budgets, trajs = list(task.samples), list(task.budgets), list(result.trajectories)
-    skipped = [(s.id, dm.bad_videos[s.video]) for s in batch.samples if s not in task.samples]
+    skipped = list(task.skipped)
     if result.video_errors:
         samples, budgets, trajs = dm._drop_bad(
             batch.step, samples, budgets, trajs, skipped, result.video_errors
         )
     dm.skipped_prompts += len(skipped)
+    rank = Rank.current()
+    samples, budgets, trajs = _share(task, samples, budgets, trajs, rank)
     timings = {"sync": 0.0, "rollout": result.busy_s, "rollout_wait": waited} | result.timings
     dm.rollout_versions.append((batch.step, result.version))
     dm.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
     dm.consumed = batch.step + 1
     counts = dm.skip_counts() | {"rollout/stale_dropped": float(dm.async_rollouts.dropped)}
+    if rank.rank != 0:
+        counts |= dict.fromkeys(WHOLE_BATCH_COUNTS, 0.0)
+        skipped = []
     return RolloutBatch(
         step=batch.step,
         epoch=batch.epoch,

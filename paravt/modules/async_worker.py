@@ -50,6 +50,7 @@ class GenTask:
     budgets: tuple[int, ...]
     group_size: int
     params: object  # paravt.rollout.engine.SamplingParams
+    skipped: tuple[tuple[str, str], ...] = ()  # (prompt id, error): left out for their video
 
 
 @dataclass(frozen=True)

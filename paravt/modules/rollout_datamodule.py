@@ -143,9 +143,10 @@ class RolloutDataModule(PromptDataModule):
         return loader
 
     def prompt_batch(self, step: int) -> PromptBatch | None:
-        """The prompt batch of `step` (None past the last step), ahead of the loader."""
+        """The whole prompt batch of `step`, every rank's share (None past the last step),
+        ahead of the loader: what rank 0's asynchronous generator samples."""
         i = step - self._steps.start
-        return self._steps[i] if 0 <= i < len(self._steps) else None
+        return self._steps.whole(i) if 0 <= i < len(self._steps) else None
 
     def sampling(self, step: int) -> SamplingParams:
         """The sampling of `step`'s rollouts (its seed depends on the step alone)."""

@@ -6,16 +6,39 @@ version; the generator `load_into`s its own model when the version moved. A lock
 from seeing half an update. The object pickles into a `torch.multiprocessing` spawn child (the
 tensors travel as shared-memory handles, not copies).
 
+An FSDP2-sharded trainer: the full tensors are gathered from the shards bucket by bucket
+(`paravt.parallel.distributed.iter_full_state_dict`, a collective: every rank calls `create` /
+`publish`, or `gather_only` on the ranks that hold no `SharedWeights`) and rank 0, which owns
+the generator, copies them in.
+
 GPU (NOT verified: no GPU was available): the same class with `device="cuda"` keeps the buffers
 on the trainer's GPU, and torch.multiprocessing passes them to the child as CUDA IPC handles, so
-`load_into` is a device-to-device copy (same node). Across nodes, or for an FSDP-sharded
-trainer, a torch.distributed (NCCL) broadcast of the gathered buckets
-(`paravt.parallel.distributed.iter_full_state_dict`) would publish instead; it is not implemented.
+`load_into` is a device-to-device copy (same node).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+
+from paravt.parallel.distributed import is_sharded, iter_full_state_dict
+
+
+def full_state(model, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of `model`'s state dict: its own tensors when unsharded; gathered
+    from the shards `bucket_bytes` at a time when FSDP2-sharded (a collective)."""
+    if not is_sharded(model):
+        yield from ((k, v.detach()) for k, v in model.state_dict().items())
+        return
+    for bucket in iter_full_state_dict(model, bucket_bytes):
+        yield from bucket
+
+
+def gather_only(model, bucket_bytes: int = 256 << 20) -> None:
+    """A rank without the shared copy joins the collective gather of `create` / `publish`."""
+    for _ in full_state(model, bucket_bytes):
+        pass
 
 
 class SharedWeights:
@@ -25,9 +48,12 @@ class SharedWeights:
         self.tensors, self.trainable, self._value, self._lock = tensors, trainable, value, lock
 
     @classmethod
-    def create(cls, model, version: int, ctx, device: str = "cpu") -> SharedWeights:
-        state = model.state_dict()
-        tensors = {k: v.detach().to(device).clone().share_memory_() for k, v in state.items()}
+    def create(
+        cls, model, version: int, ctx, device: str = "cpu", bucket_bytes: int = 256 << 20
+    ) -> SharedWeights:
+        tensors = {
+            k: v.to(device).clone().share_memory_() for k, v in full_state(model, bucket_bytes)
+        }
         trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
         return cls(tensors, trainable, ctx.Value("q", version), ctx.Lock())
 
@@ -36,12 +62,13 @@ class SharedWeights:
         return int(self._value.value)
 
     @torch.no_grad()
-    def publish(self, model, version: int) -> None:
+    def publish(self, model, version: int, bucket_bytes: int = 256 << 20) -> None:
         """Copy `model`'s trainable parameters in and mark them `version`."""
-        params = dict(model.named_parameters())
+        trainable = set(self.trainable)
         with self._lock:
-            for name in self.trainable:
-                self.tensors[name].copy_(params[name].detach())
+            for name, tensor in full_state(model, bucket_bytes):
+                if name in trainable:
+                    self.tensors[name].copy_(tensor)
             self._value.value = version
 
     @torch.no_grad()

@@ -62,3 +62,20 @@ def test_rollout_datamodule_batches_are_sharded_per_rank_with_a_global_step():
         assert w.step == a.step == b.step and w.epoch == a.epoch == b.epoch
         assert a.samples + b.samples == w.samples and len(a.samples) == 2
     assert [w.step for w in whole] == [1, 2, 3]
+
+
+def test_every_rank_reads_the_whole_batch_its_share_comes_from():
+    """What rank 0's asynchronous generator samples (`whole`) is the union of the ranks' shares,
+    with 3 prompts on 2 ranks dealt 2 + 1."""
+    from paravt.data.prompt_datamodule import _StepBatches
+
+    pool = [f"s{i}" for i in range(5)]
+    ranks = [
+        _StepBatches(pool, 3, seed=7, shuffle=True, start=2, steps=2, rank=r, world=2)
+        for r in (0, 1)
+    ]
+    for i in range(2):
+        whole = [r.whole(i) for r in ranks]
+        assert whole[0] == whole[1] and len(whole[0].samples) == 3
+        assert ranks[0][i].samples + ranks[1][i].samples == whole[0].samples
+        assert [len(r[i].samples) for r in ranks] == [2, 1]

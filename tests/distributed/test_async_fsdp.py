@@ -1,0 +1,67 @@
+"""`train.py trainer=fsdp_cpu rollout.mode=async`: an FSDP2 trainer on 2 CPU ranks (gloo) with
+rank 0's generator process (issue 24, item 3).
+
+After each update every rank joins the gather of the full weights from the shards and rank 0
+publishes them to the generator's shared copy; rank 0 takes each step's whole batch of rollouts
+and broadcasts it, each rank training its share (3 prompts a step: 2 + 1). With
+`max_staleness=0` nothing overlaps, so the run must equal one process in `rollout.mode=sync`
+step for step: the same rewards, losses and gradient norms, and the same weights at the end.
+KL is on so that every step really updates. Collectives are checked under the simulated NCCL
+rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.test_train_fsdp import _max_diff, _weights
+from tests.distributed.test_train_fsdp_vllm import _scalars
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+SETTINGS = {
+    "cold_start": "null",
+    "model.freeze_vision": "true",
+    "data.batch_size": "3",
+    "rollout.group_size": "4",
+    "rollout.temperature": "1.2",
+    "rollout.agent.max_new_tokens": "32",
+    "algorithm.kl_coef": "0.1",
+    "trainer.max_steps": "3",
+    "callbacks.benchmark_validation": "null",
+}
+# The global batch's figures (loss/loss is a mean of the ranks' own token means: not compared).
+KEYS = ("reward/mean", "grad_norm", "kl/reference")
+
+
+def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
+    mine = {k.split("=", 1)[0] for k in SETTINGS}
+    base = [o for o in overrides if o.split("=", 1)[0] not in mine]
+    args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
+    proc = train_py(*args, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_two_ranks_async_at_staleness_0_equal_one_rank_sync(train_py, tiny_run_overrides, tmp_path):
+    _train(train_py, tiny_run_overrides, tmp_path / "sync", "trainer=cpu")
+    out = _train(
+        train_py,
+        tiny_run_overrides,
+        tmp_path / "async",
+        "trainer=fsdp_cpu",
+        "rollout.mode=async",
+        "rollout.max_staleness=0",
+    )
+    assert "MEMBER: 2/2" in out and out.count("== paravt run") == 1
+    sync, two = _scalars(tmp_path / "sync" / "tb"), _scalars(tmp_path / "async" / "tb")
+    assert two["weight_version"] == sync["weight_version"] == [0.0, 1.0, 2.0]
+    assert two["rollout/staleness"] == [0.0, 0.0, 0.0]
+    assert two["update/trajectories"] == sync["update/trajectories"] == [12.0, 12.0, 12.0]
+    for key in KEYS:  # the same rollouts and updates, step for step
+        assert two[key] == pytest.approx(sync[key], rel=1e-4, abs=1e-6), key
+    assert all(g > 0 for g in sync["grad_norm"])
+    weights = _weights(tmp_path / "async" / "hf")
+    assert _max_diff(weights, _weights(tmp_path / "sync" / "hf")) < 1e-5
+    assert _max_diff(weights, _weights(Path(tiny_run_overrides[0].split("=", 1)[1]))) > 1e-6
