@@ -28,7 +28,7 @@ from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
-from paravt.rl.objective import token_budget_chunks
+from paravt.rl.microbatch import token_budget_chunks
 from paravt.types import Trajectory
 
 
