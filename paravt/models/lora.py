@@ -244,9 +244,9 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def fold_adapters(model: torch.nn.Module) -> None:
     """Base weight += adapter delta, then the adapter restarts (B = 0): same policy outputs.
     One process only (the cold start that calls it refuses FSDP)."""
-    from paravt.parallel.distributed import is_sharded
+    from torch.distributed.tensor import DTensor
 
-    if is_sharded(model):
+    if any(isinstance(p, DTensor) for p in model.parameters()):  # FSDP2-sharded
         raise NotImplementedError("fold_adapters on an FSDP2-sharded policy: fold on one process")
     for layer in lora_layers(model).values():
         base = layer.get_base_layer()
