@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from paravt.eval.judging import judge_report, score_batch
 from paravt.eval.runner import METRICS, PREDICTIONS
 from paravt.rewards.accuracy import extract_answer, token_f1
 from paravt.rewards.judge import LLMJudge
+from tests.loopback import send, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 # Reference answer -> the server's reply: a verdict word, or an HTTP status to fail with.
@@ -45,24 +46,15 @@ class _Judge(BaseHTTPRequestHandler):
             SEEN.append((candidate, gold))
         reply = BEHAVIOUR.get(gold, "CORRECT")
         if isinstance(reply, int):
-            status, body = reply, b'{"error": "judge overloaded"}'
+            send(self, reply, b'{"error": "judge overloaded"}')
         else:
-            status = 200
-            body = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            send(self, 200, json.dumps({"choices": [{"message": {"content": reply}}]}).encode())
 
 
 @pytest.fixture(scope="module")
 def judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serve(_Judge) as url:
+        yield f"{url}/v1"
 
 
 # ------------------------------------------------------------------ MMVU's open-ended part

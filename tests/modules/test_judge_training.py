@@ -5,9 +5,8 @@ error naming the endpoint and the last failure (issue 25 item 4)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from paravt.rewards.judge_guard import JudgeFailure
 from paravt.run.build import build_run
+from tests.loopback import send, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEN: list[dict] = []
@@ -27,24 +27,16 @@ class _Judge(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         SEEN.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         if self.path.startswith("/down"):
-            status, body = 500, b'{"error": "model not loaded"}'
+            send(self, 500, b'{"error": "model not loaded"}')
         else:
             reply = {"choices": [{"message": {"role": "assistant", "content": "CORRECT"}}]}
-            status, body = 200, json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            send(self, 200, json.dumps(reply).encode())
 
 
 @pytest.fixture(scope="module")
 def judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve(_Judge) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
 
 from paravt.rewards.accuracy import accuracy_reward
 from paravt.rewards.judge import LLMJudge, parse_verdict
+from tests.loopback import send, serve
 
 # Path prefix -> what the server does; the judge's base_url picks the behaviour.
 REPLIES = {
@@ -32,11 +33,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send(self, status, body)
 
     def do_POST(self) -> None:
         length = int(self.headers["Content-Length"])
@@ -86,13 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve(_Handler) as url:
+        yield url
 
 
 def test_request_is_an_openai_chat_completion(server_url: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -134,26 +134,39 @@ def _item(
     return EvalItem(sample=sample, groups=groups, video_missing=missing)
 
 
+def load_rows_of_type(
+    annotations: str,
+    question_type: str,
+    limit: int | None,
+    item: Callable[[dict[str, Any], int], EvalItem],
+) -> list[EvalItem]:
+    """`item(row, index)` of each row of MMVU's `data/validation.json` whose question_type is
+    `question_type`; a row without one is kept so that it is reported as a bad row, and row
+    numbers in errors stay those of the file, not of the filtered list."""
+    rows = read_rows(annotations)
+    kept = [
+        (i, r)
+        for i, r in enumerate(rows)
+        if not isinstance(r.get("question_type"), str) or r["question_type"] == question_type
+    ]
+
+    def make(row: dict[str, Any], index: int) -> EvalItem:
+        get_field(row, "question_type", "str", annotations, index)
+        return item(row, index)
+
+    return build_items(take(kept, limit), make, annotations, "MMVU (data/validation.json)")
+
+
 def load_mmvu(
     annotations: str,
     video_root: str,
     limit: int | None = None,
     disciplines: Mapping[str, str] = DISCIPLINES,
 ) -> list[EvalItem]:
-    rows = read_rows(annotations)
-    # A row without a question_type is kept here so that it is reported as a bad row.
-    kept = [
-        (i, r)
-        for i, r in enumerate(rows)
-        if not isinstance(r.get("question_type"), str) or r["question_type"] == KEPT_QUESTION_TYPE
-    ]
-
-    def make(row: dict[str, Any], index: int) -> EvalItem:
-        get_field(row, "question_type", "str", annotations, index)
+    def item(row: dict[str, Any], index: int) -> EvalItem:
         return _item(row, index, annotations, video_root, disciplines)
 
-    # Row numbers in errors stay those of the file, not of the filtered list.
-    return build_items(take(kept, limit), make, annotations, "MMVU (data/validation.json)")
+    return load_rows_of_type(annotations, KEPT_QUESTION_TYPE, limit, item)
 
 
 def mmvu(disciplines: Mapping[str, str] | None = None) -> MultipleChoiceBenchmark:

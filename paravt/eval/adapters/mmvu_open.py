@@ -32,17 +32,15 @@ from typing import Any
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.eval.adapters.base import (
     EvalItem,
-    build_items,
     check_unique_ids,
     get_field,
-    read_rows,
     resolve_video,
     summarize,
-    take,
 )
 from paravt.eval.adapters.mmvu import (
     DISCIPLINES,
     OTHER_DISCIPLINE,
+    load_rows_of_type,
     normalise_subject,
     video_location,
 )
@@ -121,18 +119,10 @@ def load_mmvu_open(
     limit: int | None = None,
     disciplines: Mapping[str, str] = DISCIPLINES,
 ) -> list[EvalItem]:
-    rows = read_rows(annotations)
-    kept = [
-        (i, r)
-        for i, r in enumerate(rows)
-        if not isinstance(r.get("question_type"), str) or r["question_type"] == KEPT_QUESTION_TYPE
-    ]
-
-    def make(row: dict[str, Any], index: int) -> EvalItem:
-        get_field(row, "question_type", "str", annotations, index)
+    def item(row: dict[str, Any], index: int) -> EvalItem:
         return _item(row, index, annotations, video_root, disciplines)
 
-    return build_items(take(kept, limit), make, annotations, "MMVU (data/validation.json)")
+    return load_rows_of_type(annotations, KEPT_QUESTION_TYPE, limit, item)
 
 
 @dataclass(frozen=True)
