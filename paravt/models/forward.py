@@ -70,17 +70,23 @@ def trajectory_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_size: int = 1024,
+    only_trained: bool = False,
 ) -> tuple[torch.Tensor, PaddedBatch, torch.Tensor | None]:
     """(logp [N, T] aligned with the tokens, the padded batch, entropy [N, T] if asked).
 
     The lm_head computes log-probs and entropy `chunk_size` tokens at a time with recomputation
     in backward (paravt/models/head_logprobs.py): the [N, T, V] logits never exist at once.
+    `only_trained`: only the trained (loss-mask) tokens go through the lm_head; logp and entropy
+    are 0 elsewhere (what every loss of the trainer reads, at a fraction of the head's cost).
     """
     batch = pad_trajectories(trajs, ids.pad)
     device = next(model.parameters()).device
     kwargs = visual_kwargs([v for t in trajs for v in t.visuals], device)
     input_ids = batch.input_ids.to(device)
-    with head_logprobs(model, input_ids, temperature, ids.suppress, chunk_size, return_entropy):
+    at = batch.loss_mask if only_trained else None
+    with head_logprobs(
+        model, input_ids, temperature, ids.suppress, chunk_size, return_entropy, at=at
+    ):
         out = model(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.to(device),

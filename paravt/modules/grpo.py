@@ -277,13 +277,14 @@ class GRPOModule(pl.LightningModule):
         return totals - self.algo.kl_coef * seq_kl
 
     def _logp(self, model, trajs, temperature: float, entropy: bool = False):
-        """(logp [N, T], padded batch, entropy [N, T] if asked), packed or padded."""
+        """(logp [N, T], padded batch, entropy [N, T] if asked), packed or padded; every
+        consumer reads the trained tokens only, so only those go through the lm_head."""
         if self.algo.pack_update:
             rope = model_rope_index(model)
             ids = self.token_ids
             return packed_trajectory_logprobs(model, trajs, ids, rope, temperature, entropy)
         return trajectory_logprobs(
-            model, trajs, self.token_ids, temperature, return_entropy=entropy
+            model, trajs, self.token_ids, temperature, return_entropy=entropy, only_trained=True
         )
 
     # ---- the update -------------------------------------------------------------------------

@@ -27,10 +27,10 @@ from paravt.data.packing import ModelBatch, model_rope_index, pack_batch, pad_ba
 from paravt.data.sft_encode import SFTExample
 from paravt.data.sft_schema import answer_spans
 from paravt.models.forward import TokenIds
+from paravt.models.head_logprobs import head_logprobs, shift_head_greedy, shift_head_output
 from paravt.models.qwen_vl import visual_kwargs
 from paravt.parallel.distributed import Rank, filler_trajectory, global_sum, token_loss_scale
 from paravt.progress import track
-from paravt.rl.logprobs import causal_token_logprobs
 from paravt.types import Trajectory
 
 
@@ -96,28 +96,38 @@ class SFTStats:
     answer_accuracy: torch.Tensor | None  # share of answer tokens predicted by argmax
 
 
-def batch_logprobs(model, batch: ModelBatch, ids: TokenIds):
-    """(logp [R, T], logits [R, T, V]) of one teacher-forced pass over a (packed) batch."""
+def batch_logprobs(
+    model, batch: ModelBatch, ids: TokenIds, chunk_size: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [R, T], greedy [R, T] bool) of one teacher-forced pass over a (packed) batch.
+
+    Only the trained tokens go through the lm_head, `chunk_size` at a time (logp is 0
+    elsewhere; paravt/models/head_logprobs.py); `greedy` says, at the trained answer tokens,
+    whether the token is the argmax of its distribution (vision placeholders suppressed)."""
     device = next(model.parameters()).device
     extra = {}
     if batch.attention_mask is not None:
         extra["attention_mask"] = batch.attention_mask.to(device)
     if batch.position_ids is not None:
         extra["position_ids"] = batch.position_ids.to(device)
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        mm_token_type_ids=batch.mm_token_type_ids.to(device),
-        use_cache=False,
-        **extra,
-        **visual_kwargs(batch.visuals, device),
-    )
-    logp = causal_token_logprobs(out.logits, batch.input_ids.to(device), 1.0, ids.suppress)
-    return logp, out.logits
+    input_ids = batch.input_ids.to(device)
+    trained = batch.loss_mask
+    answer = batch.answer_mask & trained
+    with head_logprobs(model, input_ids, 1.0, ids.suppress, chunk_size, False, trained, answer):
+        out = model(
+            input_ids=input_ids,
+            mm_token_type_ids=batch.mm_token_type_ids.to(device),
+            use_cache=False,
+            **extra,
+            **visual_kwargs(batch.visuals, device),
+        )
+    logp, _ = shift_head_output(out.logits)
+    return logp, shift_head_greedy(out.logits)
 
 
 def sft_stats(
     logp: torch.Tensor,  # [R, T]
-    logits: torch.Tensor,  # [R, T, V]
+    greedy: torch.Tensor,  # [R, T] bool: the token is its distribution's argmax (answers)
     batch: ModelBatch,
     num_examples: int,
 ) -> SFTStats:
@@ -134,10 +144,7 @@ def sft_stats(
     answer_loss = answer_acc = None
     if answer.any():
         answer_loss = -logp[answer].mean()
-        # logits at t-1 predict token t
-        predicted = logits[:, :-1].argmax(-1)
-        hits = predicted == batch.input_ids.to(dev)[:, 1:]
-        answer_acc = hits[answer[:, 1:]].float().mean()
+        answer_acc = greedy.to(dev)[answer].float().mean()
     return SFTStats(sft_loss(logp, mask), per_example.detach(), answer_loss, answer_acc)
 
 
@@ -227,8 +234,8 @@ class SFTModule(pl.LightningModule):
 
     def compute(self, examples: Sequence[SFTExample]) -> tuple[SFTStats, ModelBatch]:
         batch = self.model_batch(examples)
-        logp, logits = batch_logprobs(self.policy, batch, self.token_ids)
-        return sft_stats(logp, logits, batch, len(examples)), batch
+        logp, greedy = batch_logprobs(self.policy, batch, self.token_ids)
+        return sft_stats(logp, greedy, batch, len(examples)), batch
 
     def objective(self, stats: SFTStats) -> torch.Tensor:
         """What is minimised: the token-mean loss, plus `answer_weight` x the answer loss."""

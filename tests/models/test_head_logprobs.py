@@ -11,7 +11,7 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import needle_teacher
 from paravt.models.forward import TokenIds, pad_trajectories, trajectory_logprobs
-from paravt.models.head_logprobs import head_logprobs
+from paravt.models.head_logprobs import head_logprobs, shift_head_greedy
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rl.losses import entropy_from_logits
 from paravt.rollout.engine import SamplingParams
@@ -84,3 +84,60 @@ def test_lm_head_is_restored_and_logits_are_back_after_the_context(model_and_tra
     with torch.no_grad():
         out = model(input_ids=ids_t[:, :8], use_cache=False)
     assert out.logits.shape[-1] == head.weight.shape[0]
+
+
+def test_only_trained_scores_the_trained_tokens_with_the_full_paths_gradients(model_and_trajs):
+    """`only_trained`: the lm_head runs on the trained tokens alone; there the values and every
+    parameter's gradient equal the full pass's, elsewhere logp and entropy are 0."""
+    model, ids, trajs = model_and_trajs
+    params = [p for p in model.parameters() if p.requires_grad]
+    full, batch, full_ent = trajectory_logprobs(model, trajs, ids, 0.7, True, 5)
+    part, _, part_ent = trajectory_logprobs(model, trajs, ids, 0.7, True, 5, only_trained=True)
+    mask = batch.loss_mask
+    assert 0 < int(mask.sum()) < int(batch.attention_mask.sum())  # some tokens are not trained
+    torch.testing.assert_close(part[mask], full[mask])
+    torch.testing.assert_close(part_ent[mask], full_ent[mask])
+    assert not part[~mask].any() and not part_ent[~mask].any()
+    w = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))
+
+    def grads(logp, ent):
+        loss = torch.where(mask, logp * w + ent, 0.0).sum()
+        return torch.autograd.grad(loss, params, allow_unused=True)
+
+    for got, want in zip(grads(part, part_ent), grads(full, full_ent), strict=True):
+        assert (got is None) == (want is None)
+        if got is not None:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_channel_is_the_argmax_of_the_suppressed_logits(model_and_trajs):
+    """Six greedily decoded tokens after a text prefix are argmax hits by construction; the
+    prefix's own tokens, under this random model, are not; nothing outside `greedy_at`."""
+    model, ids, trajs = model_and_trajs
+    sup = torch.tensor(ids.suppress)
+    seq = torch.tensor([[t for t in trajs[0].token_ids[:40] if t not in ids.suppress][:24]])
+    with torch.no_grad():
+        for _ in range(6):
+            z = model(input_ids=seq, use_cache=False).logits[:, -1].float()
+            seq = torch.cat([seq, z.index_fill(-1, sup, float("-inf")).argmax(-1, keepdim=True)], 1)
+        at = torch.zeros_like(seq, dtype=torch.bool)
+        at[:, 12:] = True
+        with head_logprobs(model, seq, 1.0, ids.suppress, 3, False, at, at):
+            greedy = shift_head_greedy(model(input_ids=seq, use_cache=False).logits)
+        z = model(input_ids=seq, use_cache=False).logits.float().index_fill(-1, sup, float("-inf"))
+    want = torch.zeros_like(at)
+    want[:, 1:] = z[:, :-1].argmax(-1) == seq[:, 1:]
+    assert want[0, -6:].all() and not want[0, 12:-6].all()
+    assert torch.equal(greedy[at], want[at])
+    assert not greedy[~at].any()
+
+
+def test_a_mask_of_the_wrong_shape_is_refused(model_and_trajs):
+    model, ids, trajs = model_and_trajs
+    ids_t = pad_trajectories(trajs[:1], ids.pad).input_ids
+    bad = ids_t[:, 1:] > 0
+    with (
+        pytest.raises(ValueError, match=r"at \(1, \d+\) must match input_ids"),
+        head_logprobs(model, ids_t, 1.0, ids.suppress, 16, False, at=bad),
+    ):
+        pass
