@@ -71,6 +71,13 @@ class MicroBatchProbe(pl.Callback):
         trajs = on_policy(module, teacher_trajectories(module.processor, self.samples))
         self.trained = [t.num_trained_tokens for t in trajs]
         self.lengths = [len(t.token_ids) for t in trajs]
+        width = max(self.lengths)
+        self.scored = torch.tensor(
+            [
+                list(t.loss_mask) + [0] * (width - n)
+                for t, n in zip(trajs, self.lengths, strict=True)
+            ]
+        ).bool()
         self.structural = sum("</tool_call>" in t.response_text for t in trajs)
         adv = [1.0, -0.7, 0.4, -1.3][: len(trajs)]
         formed = [True, True, False, True][: len(trajs)]
@@ -136,13 +143,12 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
     assert probe.chunks[ONE_PIECE, False] == 1 and probe.chunks[1, False] == len(samples)
     assert probe.chunks[ONE_PIECE, True] == 1  # every trajectory in one packed row
     assert len(set(probe.trained)) >= 3 and 0 in probe.trained and probe.structural >= 1
-    # The packed pass's log-probs, laid out as padded rows, are the padded pass's.
-    padded, packed = probe.logp[False], probe.logp[True]
-    # Within each row's own tokens; suppressed vision placeholders are -inf in both.
-    inside = torch.arange(padded.shape[1]) < torch.tensor(probe.lengths).unsqueeze(1)
-    finite = torch.isfinite(padded) & inside
-    assert torch.equal(finite, torch.isfinite(packed) & inside)
-    torch.testing.assert_close(packed[finite], padded[finite], atol=1e-5, rtol=0)
+    # The packed pass's log-probs, laid out as padded rows, are the padded pass's at every
+    # trained token (what the losses read; the padded pass scores nothing else).
+    padded, packed, scored = probe.logp[False], probe.logp[True], probe.scored
+    assert scored.any() and torch.isfinite(padded[scored]).all()
+    assert not padded[~scored].any()
+    torch.testing.assert_close(packed[scored], padded[scored], atol=1e-5, rtol=0)
     for agg, loss in itertools.product(AGGREGATIONS, POLICY_LOSSES):
         whole = probe.grads[agg, loss, ONE_PIECE, False]
         scale = max(float(g.abs().max()) for g in whole.values())
