@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 1024**3
+HEAD_CHUNK = 1024  # tokens per lm_head chunk (trajectory_logprobs' chunk_size)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,9 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
     else:
         out["engine weights bf16 (own full copy)"] = 2 * p
         kv_phase = kv_need
-    logits = t * size.vocab * 2
+    # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
+    # set is about three [chunk, V] fp32 buffers (docs/performance.md, measured on CPU).
+    logits = 3 * min(t, HEAD_CHUNK) * size.vocab * 4
     act_ckpt = size.layers * t * size.hidden * 2 + layer_acts + logits
     act_full = size.layers * layer_acts + logits
     resident = sum(out.values())
