@@ -3,7 +3,9 @@
 Builds the tiny Qwen3-VL twice with the same sizes (`tokenizer=tiny`: 512 rows; `tokenizer=qwen`:
 151,936 rows), records one scripted trajectory per model with the real agent loop (one parallel
 crop round and an answer), then times, alternating A/B so both see the same machine load:
-  - train step: teacher-forced log-probs of a batch + backward (the cold-start / RL update path)
+  - train: teacher-forced log-probs of a batch + backward, the lm_head run over the trained
+    tokens only (what the cold-start SFT and the RL update do)
+  - train-all: the same with the lm_head over every token (the path before that change)
   - generate: the transformers engine sampling `--new-tokens` tokens for the same batch
 and prints the median seconds of each and the qwen/tiny ratio, with the logits size per token.
 
@@ -43,13 +45,13 @@ def _trajectories(path: Path, sample, batch: int):
     return model, processor, loop.run([sample], [4], batch, params)
 
 
-def _train_step(model, processor, trajs) -> float:
+def _train_step(model, processor, trajs, only_trained: bool) -> float:
     from paravt.models.forward import TokenIds, trajectory_logprobs
 
     ids = TokenIds.from_tokenizer(processor.tokenizer)
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    logp, batch, _ = trajectory_logprobs(model, trajs, ids, 1.0)
+    logp, batch, _ = trajectory_logprobs(model, trajs, ids, 1.0, only_trained=only_trained)
     (-logp[batch.loss_mask].mean()).backward()
     return time.perf_counter() - t0
 
@@ -88,12 +90,16 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.repeats):
         for name, (model, processor, trajs) in runs.items():
-            times.setdefault((name, "train"), []).append(_train_step(model, processor, trajs))
+            for phase, only in (("train", True), ("train-all", False)):
+                step = _train_step(model, processor, trajs, only)
+                times.setdefault((name, phase), []).append(step)
             gen = _generate(model, processor, trajs, args.new_tokens)
             times.setdefault((name, "generate"), []).append(gen)
     tokens = {n: sum(len(t.token_ids) for t in r[2]) for n, r in runs.items()}
     print(f"batch {args.batch} trajectories, tokens {tokens}; medians of {args.repeats}")
-    for phase in ("train", "generate"):
+    trained = {n: sum(t.num_trained_tokens for t in r[2]) for n, r in runs.items()}
+    print(f"trained tokens {trained}")
+    for phase in ("train", "train-all", "generate"):
         a = statistics.median(times[("tiny", phase)])
         b = statistics.median(times[("qwen", phase)])
         print(f"{phase:9s} tiny {a:7.3f} s   qwen {b:7.3f} s   qwen/tiny {b / a:5.2f}x")
