@@ -2,9 +2,10 @@
 
 The model's own forward runs unchanged up to its lm_head; for the duration of the context the
 lm_head's `forward` is replaced by `paravt.rl.fused_logprobs.linear_logprobs` over the targets
-given here, so `out.logits` comes back as [N, T, 2] (log-prob, entropy) and the [N, T, V] logits
-never exist at once. The call still goes through the lm_head module, so FSDP2's unshard and
-pre-backward hooks (the lm_head lives in the root unit, paravt/parallel/fsdp.py) see it as usual.
+given here, so `out.logits` comes back as [N, T, 3] (log-prob, entropy, argmax hit) and the
+[N, T, V] logits never exist at once. The call still goes through the lm_head module, so
+FSDP2's unshard and pre-backward hooks (the lm_head lives in the root unit,
+paravt/parallel/fsdp.py) see it as usual.
 With `at`, only the positions whose log-prob a loss reads (the trained tokens) go through the
 lm_head; at Qwen's 151,936-row head that is most of a teacher-forced pass's cost, and the prompt's
 video and tool-response tokens are most of a trajectory. With `greedy_at`, a third channel says
@@ -79,7 +80,7 @@ def head_logprobs(
         del head.forward
 
 
-def _next(x: torch.Tensor, fill=None) -> torch.Tensor:
+def _next(x: torch.Tensor, fill: bool | None = None) -> torch.Tensor:
     """x shifted left by one along T (position t holds x[:, t + 1]); the last column is x[:, 0]
     or `fill`."""
     last = x[:, :1] if fill is None else torch.full_like(x[:, :1], fill)

@@ -217,9 +217,10 @@ def _sizes(opts) -> tuple[list[int], int, int]:
 def plan_update_gib(tokens: int, tiny: bool) -> float:
     """What `paravt check-recipe`'s memory plan (paravt.run.memory_plan) expects the update of
     one `tokens`-token micro-batch to add on top of the resident weights and optimiser state,
-    at all decoder layers: activations with checkpointing, the chunked head's [chunk, V] buffers, and the
-    bf16 gradients of the trainable language model (the step stage trains in bf16, vision
-    frozen). The measured counterpart is the stage's peak minus what was allocated before."""
+    at all decoder layers: activations with checkpointing, the chunked head's [chunk, V]
+    buffers, and the bf16 gradients of the trainable language model (the step stage trains in
+    bf16, vision frozen). The measured counterpart is the stage's peak minus what was
+    allocated before."""
     from paravt.run.memory_plan import GIB, ModelSize, PlanInputs, plan
 
     text = TINY_TEXT if tiny else QWEN3_VL_8B_TEXT
