@@ -19,6 +19,7 @@ import random
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
+from paravt.models.varlen_attention import varlen_attention
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.rl.microbatch import token_budget_chunks
 from paravt.types import Trajectory
@@ -49,19 +51,23 @@ def step_trajectories(n: int, scale: int, words: list[int], seed: int) -> list[T
 def update(model, trajs, chunks, ids: TokenIds, packed: bool) -> float:
     """Forward + backward over every micro-batch; the summed loss."""
     rope = model_rope_index(model)
-    total = 0.0
-    for chunk in chunks:
-        rows = [trajs[i] for i in chunk]
-        if packed:
-            logp, batch, _ = packed_trajectory_logprobs(model, rows, ids, rope)
-        else:
-            logp, batch, _ = trajectory_logprobs(model, rows, ids)
-        adv = torch.tensor([(i % 5 - 2) / 2 for i in chunk]).unsqueeze(1)  # per trajectory
-        loss = -torch.where(batch.loss_mask, logp * adv, torch.zeros_like(logp)).sum() / 1e3
-        loss.backward()
-        total += float(loss.detach())
+    with varlen_attention(model) if packed else nullcontext():
+        total = sum(micro_step(model, trajs, chunk, ids, rope, packed) for chunk in chunks)
     model.zero_grad(set_to_none=True)
     return total
+
+
+def micro_step(model, trajs, chunk, ids: TokenIds, rope, packed: bool) -> float:
+    """One micro-batch's forward + backward; its loss."""
+    rows = [trajs[i] for i in chunk]
+    if packed:
+        logp, batch, _ = packed_trajectory_logprobs(model, rows, ids, rope)
+    else:
+        logp, batch, _ = trajectory_logprobs(model, rows, ids)
+    adv = torch.tensor([(i % 5 - 2) / 2 for i in chunk]).unsqueeze(1)  # per trajectory
+    loss = -torch.where(batch.loss_mask, logp * adv, torch.zeros_like(logp)).sum() / 1e3
+    loss.backward()
+    return float(loss.detach())
 
 
 def timed(fn, repeats: int) -> float:
