@@ -121,6 +121,8 @@ def _packed(model, ids, trajs, varlen: bool):
 def test_packed_forward_equals_the_dense_mask_with_video_and_gradients(setup):
     model, _, ids, trajs = setup
     assert sum(bool(t.visuals) for t in trajs) == 2 and min(len(t.token_ids) for t in trajs) == 1
+    if model.config.model_type == "qwen2_5_vl":  # M-RoPE with the clips' real timing
+        assert all(v.second_per_grid_ts is not None for t in trajs for v in t.visuals)
     vision = model.config.vision_config._attn_implementation
     d_logp, d_ent, batch, d_grads = _packed(model, ids, trajs, varlen=False)
     v_logp, v_ent, _, v_grads = _packed(model, ids, trajs, varlen=True)
