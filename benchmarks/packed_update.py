@@ -5,8 +5,11 @@ without tools ~1.5k tokens to three rounds of five crops ~16k), scaled down by `
 tiny Qwen3-VL, in generation order. Both sides run the micro-batches the trainer would cut with
 the same `algorithm.micro_batch_tokens` (padded: rows x longest; packed: tokens in all) and the
 same loss (advantage-weighted masked log-prob sum) and backward; the padded and packed losses
-are checked equal before timing. Text-only trajectories (the update's cost is per token; the
-vision tower is frozen and runs the same on both sides).
+and gradients are checked equal before timing. The packed rows attend per trajectory with no
+dense mask (`paravt.models.varlen_attention`, as the trainer runs them); both score only the
+trained tokens through the lm_head, as the trainer does; the two sides are timed
+in turns. Text-only trajectories (the update's cost is per token; the vision tower is frozen
+and runs the same on both sides).
 
     python benchmarks/packed_update.py [--trajectories 16] [--scale 16] [--repeats 3]
 """
@@ -19,6 +22,7 @@ import random
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,6 +31,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
+from paravt.models.varlen_attention import VARLEN, varlen_attention
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.rl.microbatch import token_budget_chunks
 from paravt.types import Trajectory
@@ -46,32 +51,41 @@ def step_trajectories(n: int, scale: int, words: list[int], seed: int) -> list[T
     return out
 
 
-def update(model, trajs, chunks, ids: TokenIds, packed: bool) -> float:
-    """Forward + backward over every micro-batch; the summed loss."""
+def update(model, trajs, chunks, ids: TokenIds, packed: bool) -> tuple[float, list[torch.Tensor]]:
+    """Forward + backward over every micro-batch; (the summed loss, the accumulated gradients)."""
     rope = model_rope_index(model)
-    total = 0.0
-    for chunk in chunks:
-        rows = [trajs[i] for i in chunk]
-        if packed:
-            logp, batch, _ = packed_trajectory_logprobs(model, rows, ids, rope)
-        else:
-            logp, batch, _ = trajectory_logprobs(model, rows, ids)
-        adv = torch.tensor([(i % 5 - 2) / 2 for i in chunk]).unsqueeze(1)  # per trajectory
-        loss = -torch.where(batch.loss_mask, logp * adv, torch.zeros_like(logp)).sum() / 1e3
-        loss.backward()
-        total += float(loss.detach())
+    with varlen_attention(model) if packed else nullcontext():
+        total = sum(micro_step(model, trajs, chunk, ids, rope, packed) for chunk in chunks)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
-    return total
+    return total, grads
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def micro_step(model, trajs, chunk, ids: TokenIds, rope, packed: bool) -> float:
+    """One micro-batch's forward + backward; its loss."""
+    rows = [trajs[i] for i in chunk]
+    if packed:
+        logp, batch, _ = packed_trajectory_logprobs(model, rows, ids, rope, only_trained=True)
+    else:
+        logp, batch, _ = trajectory_logprobs(model, rows, ids, only_trained=True)
+    adv = torch.tensor([(i % 5 - 2) / 2 for i in chunk]).unsqueeze(1)  # per trajectory
+    loss = -torch.where(batch.loss_mask, logp * adv, torch.zeros_like(logp)).sum() / 1e3
+    loss.backward()
+    return float(loss.detach())
+
+
+def timed_side_by_side(fns, repeats: int) -> list[float]:
+    """Median seconds of each of `fns`, run in turns (a, b, a, b, ...) after one warm-up each,
+    so a change in the machine's load falls on both sides alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()  # warm-up
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, out in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,18 +109,27 @@ def main(argv: list[str] | None = None) -> int:
     padded_chunks = token_budget_chunks(lengths, budget)
     pack_chunks = packed_chunks(lengths, budget)
     padded_tokens = sum(len(c) * max(lengths[i] for i in c) for c in padded_chunks)
-    same = (
+    (loss_pad, g_pad), (loss_pack, g_pack) = (
         update(model, trajs, padded_chunks, ids, False),
         update(model, trajs, pack_chunks, ids, True),
     )
-    if not math.isclose(*same, rel_tol=1e-4):
-        raise SystemExit(f"padded and packed losses differ: {same}")
-    t_pad = timed(lambda: update(model, trajs, padded_chunks, ids, False), args.repeats)
-    t_pack = timed(lambda: update(model, trajs, pack_chunks, ids, True), args.repeats)
+    if not math.isclose(loss_pad, loss_pack, rel_tol=1e-4):
+        raise SystemExit(f"padded and packed losses differ: {loss_pad} vs {loss_pack}")
+    worst = max(float((a - b).abs().max()) for a, b in zip(g_pad, g_pack, strict=True))
+    if len(g_pad) != len(g_pack) or worst > 1e-5:
+        raise SystemExit(f"padded and packed gradients differ (max abs difference {worst:.2e})")
+    t_pad, t_pack = timed_side_by_side(
+        [
+            lambda: update(model, trajs, padded_chunks, ids, False),
+            lambda: update(model, trajs, pack_chunks, ids, True),
+        ],
+        args.repeats,
+    )
     print(
         f"trajectories: {len(trajs)}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)})"
     )
     print(f"micro-batch budget: {budget} tokens; threads: {torch.get_num_threads()}")
+    print(f"losses equal, gradients within {worst:.1e}; packed attention: {VARLEN}")
     print(f"padded: {len(padded_chunks)} micro-batches, {padded_tokens} tokens run, {t_pad:.3f} s")
     print(f"packed: {len(pack_chunks)} micro-batches, {sum(lengths)} tokens run, {t_pack:.3f} s")
     print(f"packed/padded update speed: {t_pad / t_pack:.2f}x")

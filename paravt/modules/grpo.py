@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, astuple, dataclass, field, replace
 
 import lightning.pytorch as pl
@@ -26,6 +27,7 @@ from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import BaseView, export_lora, fold_adapters, is_lora
 from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
+from paravt.models.varlen_attention import varlen_attention
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.parallel.distributed import (
     MicroBatch,
@@ -209,14 +211,15 @@ class GRPOModule(pl.LightningModule):
         temp = batch.temperature  # every log-prob of the step is at the sampling temperature
         with timer("reward"):
             rewards, judged = self._rewards(trajs, batch.repeated_samples())
-        with timer("logprobs"):
-            totals = self._rewards_with_kl(trajs, rewards, temp)
-        adv = compute_advantages(
-            totals.view(len(batch.samples), batch.group_size), self.algo.advantage
-        )
-        with timer("update"):
-            formed = [is_well_formed(r) for r in rewards]
-            update = self._update(trajs, adv.values, adv.keep, formed, temp)
+        with self._attention():
+            with timer("logprobs"):
+                totals = self._rewards_with_kl(trajs, rewards, temp)
+            adv = compute_advantages(
+                totals.view(len(batch.samples), batch.group_size), self.algo.advantage
+            )
+            with timer("update"):
+                formed = [is_well_formed(r) for r in rewards]
+                update = self._update(trajs, adv.values, adv.keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
         metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
@@ -276,13 +279,22 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = float(seq_kl.mean()) if kls else 0.0
         return totals - self.algo.kl_coef * seq_kl
 
+    def _attention(self):
+        """Packed: the text decoders attend per trajectory (paravt.models.varlen_attention) over
+        the step's forwards AND backwards (checkpointed activations are recomputed in backward)."""
+        if not self.algo.pack_update:
+            return nullcontext()
+        return varlen_attention(*(m for m in (self.policy, self.reference) if m is not None))
+
     def _logp(self, model, trajs, temperature: float, entropy: bool = False):
         """(logp [N, T], padded batch, entropy [N, T] if asked), packed or padded; every
         consumer reads the trained tokens only, so only those go through the lm_head."""
         if self.algo.pack_update:
             rope = model_rope_index(model)
             ids = self.token_ids
-            return packed_trajectory_logprobs(model, trajs, ids, rope, temperature, entropy)
+            return packed_trajectory_logprobs(
+                model, trajs, ids, rope, temperature, entropy, only_trained=True
+            )
         return trajectory_logprobs(
             model, trajs, self.token_ids, temperature, return_entropy=entropy, only_trained=True
         )

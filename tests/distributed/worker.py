@@ -471,6 +471,11 @@ def main(argv: list[str]) -> None:
             from precision_worker import run as precision
 
             res = precision(model_dir)
+        elif scenario == "packed":  # tests/distributed/packed_worker.py
+            sys.path.insert(0, str(Path(__file__).parent))
+            from packed_worker import run as packed
+
+            res = packed(model_dir)
         elif scenario == "setup_once":  # tests/distributed/setup_worker.py
             sys.path.insert(0, str(Path(__file__).parent))
             from setup_worker import run as setup_once

@@ -6,8 +6,9 @@ mask 0, structural tags to anchor) plus an empty row; the behaviour log-probs ar
 own, so no token is clipped away. For every aggregation and loss variant, the policy-loss +
 structural-anchor + KL-loss gradient with many micro-batches equals the one-piece gradient within
 1e-6 (issue 12 item 3, at the trainer level; tests/rl/test_microbatch.py is the core's proof).
-The packed update (`algorithm.pack_update=true`: one padding-free row per micro-batch) gives the
-padded one-piece gradient within 1e-5 under the same cuts, and the same log-probs.
+The packed update (`algorithm.pack_update=true`: one padding-free row per micro-batch, its text
+attention per trajectory under `GRPOModule._attention`, paravt.models.varlen_attention) gives the
+padded one-piece gradient within 1e-5 under the same cuts, and the same log-probs and entropies.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class MicroBatchProbe(pl.Callback):
         self.grads: dict[tuple[str, str, int, bool], dict[str, torch.Tensor]] = {}
         self.chunks: dict[tuple[int, bool], int] = {}
         self.logp: dict[bool, torch.Tensor] = {}
+        self.entropy: dict[bool, torch.Tensor] = {}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         trajs = on_policy(module, teacher_trajectories(module.processor, self.samples))
@@ -85,8 +87,9 @@ class MicroBatchProbe(pl.Callback):
         algo = module.algo
         for pack in (False, True):
             module.algo = replace(algo, pack_update=pack)
-            with torch.no_grad():
-                self.logp[pack] = module._logp(module.policy, trajs, 1.0)[0]
+            with torch.no_grad(), module._attention():
+                logp, _, entropy = module._logp(module.policy, trajs, 1.0, entropy=True)
+                self.logp[pack], self.entropy[pack] = logp, entropy
         cuts = [(b, False) for b in self.budgets] + [(self.budgets[0], True)]
         for agg, loss, (budget, pack) in itertools.product(
             sorted(AGGREGATIONS), sorted(POLICY_LOSSES), cuts
@@ -96,7 +99,8 @@ class MicroBatchProbe(pl.Callback):
             )
             self.chunks[budget, pack] = len(module._chunks(trajs))
             module.policy.zero_grad(set_to_none=True)
-            module._mini_step(items, module._proximal_logprobs(trajs, 1.0), {}, 1, 1.0)
+            with module._attention():  # packed: the varlen attention, forward and backward
+                module._mini_step(items, module._proximal_logprobs(trajs, 1.0), {}, 1, 1.0)
             self.grads[agg, loss, budget, pack] = {
                 n: p.grad.detach().clone()
                 for n, p in module.policy.named_parameters()
@@ -143,12 +147,15 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
     assert probe.chunks[ONE_PIECE, False] == 1 and probe.chunks[1, False] == len(samples)
     assert probe.chunks[ONE_PIECE, True] == 1  # every trajectory in one packed row
     assert len(set(probe.trained)) >= 3 and 0 in probe.trained and probe.structural >= 1
-    # The packed pass's log-probs, laid out as padded rows, are the padded pass's at every
-    # trained token (what the losses read; the padded pass scores nothing else).
+    # The packed pass's log-probs and entropies, laid out as padded rows, are the padded pass's
+    # at every trained token (what the losses read); both passes score nothing else.
     padded, packed, scored = probe.logp[False], probe.logp[True], probe.scored
     assert scored.any() and torch.isfinite(padded[scored]).all()
-    assert not padded[~scored].any()
+    assert not padded[~scored].any() and not packed[~scored].any()
     torch.testing.assert_close(packed[scored], padded[scored], atol=1e-5, rtol=0)
+    entropy = probe.entropy[False][scored]
+    assert entropy.abs().max() > 0.1  # the sampling distribution's entropy, aligned alike
+    torch.testing.assert_close(probe.entropy[True][scored], entropy, atol=1e-5, rtol=0)
     for agg, loss in itertools.product(AGGREGATIONS, POLICY_LOSSES):
         whole = probe.grads[agg, loss, ONE_PIECE, False]
         scale = max(float(g.abs().max()) for g in whole.values())
