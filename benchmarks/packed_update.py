@@ -6,10 +6,10 @@ tiny Qwen3-VL, in generation order. Both sides run the micro-batches the trainer
 the same `algorithm.micro_batch_tokens` (padded: rows x longest; packed: tokens in all) and the
 same loss (advantage-weighted masked log-prob sum) and backward; the padded and packed losses
 and gradients are checked equal before timing. The packed rows attend per trajectory with no
-dense mask (`paravt.models.varlen_attention`, as the trainer runs them); both score only the
-trained tokens through the lm_head, as the trainer does; the two sides are timed
-in turns. Text-only trajectories (the update's cost is per token; the vision tower is frozen
-and runs the same on both sides).
+dense mask (`paravt.models.varlen_attention`), and both sides score only the trained tokens
+through the lm_head, as the trainer runs them; the two sides are timed in turns. Text-only
+trajectories (the update's cost is per token; the vision tower is frozen and runs the same on
+both sides).
 
     python benchmarks/packed_update.py [--trajectories 16] [--scale 16] [--repeats 3]
 """

@@ -22,9 +22,7 @@ LR = 1e-3
 
 
 def run(model_dir: str, out: Path, batches_path: Path) -> dict:
-    import lightning.pytorch as pl
     import worker  # tests/distributed, this script's folder
-    from lightning.pytorch.strategies import ModelParallelStrategy
 
     from paravt.models.loading import PolicySpec
     from paravt.modules.grpo import AlgorithmConfig, GRPOModule
@@ -40,41 +38,7 @@ def run(model_dir: str, out: Path, batches_path: Path) -> dict:
     opt = partial(torch.optim.AdamW, lr=LR)
     module = GRPOModule(spec, algo, RewardWeights(), opt, init_on_meta=world > 1)
 
-    class Batches(pl.LightningDataModule):
-        def train_dataloader(self):
-            from torch.utils.data import DataLoader
-
-            mine = [worker.rank_share(b, self.trainer.global_rank, world) for b in batches]
-            return DataLoader(mine, batch_size=None, collate_fn=worker._identity)
-
-        def transfer_batch_to_device(self, batch, device, dataloader_idx):
-            return batch
-
-    class Record(pl.Callback):
-        def __init__(self):
-            self.metrics: list[dict[str, float]] = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.metrics.append({k: float(v) for k, v in trainer.logged_metrics.items()})
-
-    record = Record()
-    strategy = (
-        ModelParallelStrategy(world, 1, process_group_backend="gloo") if world > 1 else "auto"
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy=strategy,
-        max_steps=len(batches),
-        logger=False,
-        callbacks=[record],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        default_root_dir=str(out),
-    )
-    trainer.fit(module, datamodule=Batches())
+    trainer, record = worker.fit_on_ranks(module, batches, world, out)
     res = {"weights": worker.full_weights(module.policy), "metrics": record.metrics}
     res["sharded"] = worker._local(module.policy) < sum(
         p.numel() for p in module.policy.parameters()

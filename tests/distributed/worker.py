@@ -357,9 +357,6 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     share of fixed rollout batches, through a Lightning Trainer on `WORLD_SIZE` CPU processes."""
     from functools import partial
 
-    import lightning.pytorch as pl
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
     from paravt.models.loading import PolicySpec
     from paravt.modules.grpo import AlgorithmConfig, GRPOModule
     from paravt.rewards.compose import RewardWeights
@@ -372,6 +369,24 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     opt = partial(torch.optim.AdamW, lr=LR)
     spec = PolicySpec(path=model_dir)
     module = GRPOModule(spec, algo, RewardWeights(), opt, init_on_meta=world > 1)
+
+    _, record = fit_on_ranks(module, batches, world, out)
+    res = {"weights": full_weights(module.policy), "metrics": record.metrics}
+    res["trajectories"] = record.trajectories
+    if world > 1:
+        res["rogue_collective"] = _rogue_collective()
+    res["policy_local"] = _local(module.policy)
+    res["reference_local"] = _local(module.reference)
+    res["full"] = sum(p.numel() for p in module.reference.parameters())
+    res["buffers"] = {n: b.clone() for n, b in module.policy.named_buffers()}
+    return res
+
+
+def fit_on_ranks(module, batches, world: int, out: Path):
+    """Fit `module` one step per batch, each rank on its `rank_share`, on `world` CPU ranks
+    (FSDP2 over gloo when > 1); (the trainer, per-step logged metrics and trajectory counts)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
     class Batches(pl.LightningDataModule):
         def train_dataloader(self):
@@ -410,15 +425,7 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
         default_root_dir=str(out),
     )
     trainer.fit(module, datamodule=Batches())
-    res = {"weights": full_weights(module.policy), "metrics": record.metrics}
-    res["trajectories"] = record.trajectories
-    if world > 1:
-        res["rogue_collective"] = _rogue_collective()
-    res["policy_local"] = _local(module.policy)
-    res["reference_local"] = _local(module.reference)
-    res["full"] = sum(p.numel() for p in module.reference.parameters())
-    res["buffers"] = {n: b.clone() for n, b in module.policy.named_buffers()}
-    return res
+    return trainer, record
 
 
 def _identity(item):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -110,28 +111,46 @@ def _options(choices: dict[str, Any], path: str, index: int) -> tuple[str, ...]:
     return tuple(kept[letter].strip() for letter in letters)
 
 
+@dataclass(frozen=True)
+class MMVUVideo:
+    """Where a row's video is and how it is grouped (shared by the MCQ and open-ended loaders)."""
+
+    path: str  # absolute when found
+    missing: bool
+    subject: str  # the Subject_Dir of its URL
+    groups: dict[str, tuple[str, ...]]  # discipline and subject
+
+
+def locate_video(
+    url: str, path: str, index: int, root: str, disciplines: Mapping[str, str]
+) -> MMVUVideo:
+    """The row's video under `root`/videos/{Subject_Dir}/ and its discipline/subject groups."""
+    subject_dir, file_name = video_location(url, path, index)
+    video, missing = resolve_video([os.path.join(root, "videos", subject_dir, file_name)])
+    discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
+    groups = {"discipline": (discipline,), "subject": (subject_dir,)}
+    return MMVUVideo(video, missing, subject_dir, groups)
+
+
 def _item(
     row: dict[str, Any], index: int, path: str, root: str, disciplines: Mapping[str, str]
 ) -> EvalItem:
     def field(name: str, kind: str = "str") -> Any:
         return get_field(row, name, kind, path, index)
 
-    subject_dir, file_name = video_location(field("video"), path, index)
+    where = locate_video(field("video"), path, index, root, disciplines)
     options = _options(field("choices", "dict"), path, index)
-    video, missing = resolve_video([os.path.join(root, "videos", subject_dir, file_name)])
-    discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
     sample = Sample(
         id=str(field("id", "id")),
-        video=video,
+        video=where.path,
         question=mcq_prompt(field("question"), options),
         answer=check_gold(field("answer"), options, path, index, "answer"),
         question_type="mcq",
         options=options,
         data_source="mmvu",
-        extra={"subject": subject_dir},
+        extra={"subject": where.subject},
     )
-    groups = {"discipline": (discipline,), "subject": (subject_dir,)}
-    return EvalItem(sample=sample, groups=groups, video_missing=missing)
+    return EvalItem(sample=sample, groups=where.groups, video_missing=where.missing)
 
 
 def load_rows_of_type(

@@ -22,7 +22,6 @@ This module deliberately does not call the judge itself.
 
 from __future__ import annotations
 
-import os
 import re
 import string
 from collections.abc import Mapping, Sequence
@@ -34,15 +33,13 @@ from paravt.eval.adapters.base import (
     EvalItem,
     check_unique_ids,
     get_field,
-    resolve_video,
     summarize,
 )
 from paravt.eval.adapters.mmvu import (
     DISCIPLINES,
-    OTHER_DISCIPLINE,
     load_rows_of_type,
+    locate_video,
     normalise_subject,
-    video_location,
 )
 from paravt.rewards.accuracy import extract_answer
 from paravt.types import Sample
@@ -97,20 +94,17 @@ def _item(
     def get(name: str, kind: str = "str") -> Any:
         return get_field(row, name, kind, path, index)
 
-    subject_dir, file_name = video_location(get("video"), path, index)
-    video, missing = resolve_video([os.path.join(root, "videos", subject_dir, file_name)])
-    discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
+    where = locate_video(get("video"), path, index, root, disciplines)
     sample = Sample(
         id=str(get("id", "id")),
-        video=video,
+        video=where.path,
         question=f"Question: {get('question').strip()}\n{OPEN_INSTRUCTION}",
         answer=str(get("answer")).strip(),
         question_type="oe",
         data_source="mmvu",
-        extra={"subject": subject_dir, "question": get("question").strip()},
+        extra={"subject": where.subject, "question": get("question").strip()},
     )
-    groups = {"discipline": (discipline,), "subject": (subject_dir,)}
-    return EvalItem(sample=sample, groups=groups, video_missing=missing)
+    return EvalItem(sample=sample, groups=where.groups, video_missing=where.missing)
 
 
 def load_mmvu_open(
