@@ -120,16 +120,21 @@ def _kill_when_writing(proc, last: Path, tmpdir: Path, timeout: float = 120.0) -
 
 def _watch_then_kill(proc, last: Path, seconds: float, timeout: float = 120.0) -> str:
     """Poll last.ckpt through `seconds` of saves; SIGKILL the instant it is seen changed and
-    not a complete checkpoint ("torn"), else at the end ("whole")."""
+    not a complete checkpoint, still so once the writer is stopped ("torn"), else at the end
+    ("whole")."""
     _wait_for_checkpoint(proc, last, timeout)
     before, start = _state(last), time.monotonic()
     while time.monotonic() - start < seconds:
         now = _state(last)
         if now != before:
             if not is_complete_checkpoint(last):
-                _kill(proc)
-                return "torn"
-            before = now
+                # Freeze the writer, then look again: what is killed is what was checked.
+                proc.send_signal(signal.SIGSTOP)
+                if not is_complete_checkpoint(last):
+                    _kill(proc)
+                    return "torn"
+                proc.send_signal(signal.SIGCONT)
+            before = _state(last)
         if proc.poll() is not None:
             pytest.fail(f"the run ended before the kill:\n{proc.communicate()[0][-3000:]}")
     _kill(proc)
