@@ -11,12 +11,17 @@ through the lm_head, as the trainer runs them; the two sides are timed in turns.
 trajectories (the update's cost is per token; the vision tower is frozen and runs the same on
 both sides).
 
-    python benchmarks/packed_update.py [--trajectories 16] [--scale 16] [--repeats 3]
+`--sweep` also times both sides at 2x and 4x the budget: a padded micro-batch pads every row to
+its longest, so a larger budget costs the padded side padding while the packed side gets fewer,
+fuller micro-batches; the last line is always at `--budget`.
+
+    python benchmarks/packed_update.py [--trajectories 16] [--scale 16] [--repeats 3] [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -88,6 +93,25 @@ def timed_side_by_side(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def checked_chunks(model, trajs, ids: TokenIds, budget: int) -> tuple[list, list]:
+    """(padded chunks, packed chunks) at `budget` tokens per micro-batch, after checking that
+    both sides give the same loss and gradients."""
+    lengths = [len(t.token_ids) for t in trajs]
+    padded_chunks = token_budget_chunks(lengths, budget)
+    pack_chunks = packed_chunks(lengths, budget)
+    (loss_pad, g_pad), (loss_pack, g_pack) = (
+        update(model, trajs, padded_chunks, ids, False),
+        update(model, trajs, pack_chunks, ids, True),
+    )
+    if not math.isclose(loss_pad, loss_pack, rel_tol=1e-4):
+        raise SystemExit(f"padded and packed losses differ: {loss_pad} vs {loss_pack}")
+    worst = max(float((a - b).abs().max()) for a, b in zip(g_pad, g_pack, strict=True))
+    if len(g_pad) != len(g_pack) or worst > 1e-5:
+        raise SystemExit(f"padded and packed gradients differ (max abs difference {worst:.2e})")
+    print(f"budget {budget} tokens: losses equal, gradients within {worst:.1e}")
+    return padded_chunks, pack_chunks
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trajectories", type=int, default=16)
@@ -95,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=16384, help="micro_batch_tokens at paper scale")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sweep", action="store_true", help="also time 2x and 4x the budget")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "model", TinyModelConfig("qwen3_vl"))
@@ -105,31 +130,34 @@ def main(argv: list[str] | None = None) -> int:
     words = [i for i in range(model.config.text_config.vocab_size) if i not in special]
     trajs = step_trajectories(args.trajectories, args.scale, words, args.seed)
     lengths = [len(t.token_ids) for t in trajs]
-    budget = args.budget // args.scale
-    padded_chunks = token_budget_chunks(lengths, budget)
-    pack_chunks = packed_chunks(lengths, budget)
-    padded_tokens = sum(len(c) * max(lengths[i] for i in c) for c in padded_chunks)
-    (loss_pad, g_pad), (loss_pack, g_pack) = (
-        update(model, trajs, padded_chunks, ids, False),
-        update(model, trajs, pack_chunks, ids, True),
-    )
-    if not math.isclose(loss_pad, loss_pack, rel_tol=1e-4):
-        raise SystemExit(f"padded and packed losses differ: {loss_pad} vs {loss_pack}")
-    worst = max(float((a - b).abs().max()) for a, b in zip(g_pad, g_pack, strict=True))
-    if len(g_pad) != len(g_pack) or worst > 1e-5:
-        raise SystemExit(f"padded and packed gradients differ (max abs difference {worst:.2e})")
-    t_pad, t_pack = timed_side_by_side(
-        [
-            lambda: update(model, trajs, padded_chunks, ids, False),
-            lambda: update(model, trajs, pack_chunks, ids, True),
-        ],
-        args.repeats,
-    )
     print(
         f"trajectories: {len(trajs)}, lengths {min(lengths)}..{max(lengths)} (sum {sum(lengths)})"
     )
-    print(f"micro-batch budget: {budget} tokens; threads: {torch.get_num_threads()}")
-    print(f"losses equal, gradients within {worst:.1e}; packed attention: {VARLEN}")
+    print(f"threads: {torch.get_num_threads()}; packed attention: {VARLEN}")
+    factors = (1, 2, 4) if args.sweep else (1,)
+    budgets = [args.budget * f // args.scale for f in factors]  # tokens at the tiny scale
+    chunks = [checked_chunks(model, trajs, ids, b) for b in budgets]
+    # every configuration timed in the same turns, so the load falls on all of them alike
+    times = timed_side_by_side(
+        [
+            functools.partial(update, model, trajs, c, ids, packed)
+            for pair in chunks
+            for c, packed in zip(pair, (False, True), strict=True)
+        ],
+        args.repeats,
+    )
+    rows = [(*pair, *times[2 * i : 2 * i + 2]) for i, pair in enumerate(chunks)]
+    if args.sweep:
+        for f, b, (_, _, t_pad, t_pack) in zip(factors, budgets, rows, strict=True):
+            print(
+                f"budget x{f} ({b} tokens): padded {t_pad:.3f} s, packed {t_pack:.3f} s, "
+                f"{t_pad / t_pack:.2f}x"
+            )
+        best_pad, best_pack = min(r[2] for r in rows), min(r[3] for r in rows)
+        print(f"each side at its best budget of these: {best_pad / best_pack:.2f}x")
+    padded_chunks, pack_chunks, t_pad, t_pack = rows[0]
+    padded_tokens = sum(len(c) * max(lengths[i] for i in c) for c in padded_chunks)
+    print(f"micro-batch budget: {budgets[0]} tokens")
     print(f"padded: {len(padded_chunks)} micro-batches, {padded_tokens} tokens run, {t_pad:.3f} s")
     print(f"packed: {len(pack_chunks)} micro-batches, {sum(lengths)} tokens run, {t_pack:.3f} s")
     print(f"packed/padded update speed: {t_pad / t_pack:.2f}x")

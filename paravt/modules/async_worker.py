@@ -4,13 +4,17 @@
 (spawn). The child loads the policy's architecture and processor, copies the trainer's current
 weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its cores, and
 then runs `GenTask`s in order: before each task it loads the newest published weights, and it
-puts a `GenResult` (grouped trajectories + the version they were sampled under + busy time) into
-a bounded queue. Which steps may start is decided by the trainer (`paravt.rollout.staleness`).
+sends a `GenResult` (grouped trajectories + the version they were sampled under + busy time)
+back, at most `max_pending` unread. Which steps may start is decided by the trainer
+(`paravt.rollout.staleness`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
-`take` (with the child's traceback); a child that dies silently is noticed within a second;
-the child ignores Ctrl-C (the trainer closes it) and exits by itself when its parent dies
-(kill -9), so no orphan is left. It deliberately knows nothing of Lightning or rewards.
+`take` (with the child's traceback); a child that dies silently is noticed within a second,
+even in the middle of sending a result: results come over a one-way pipe whose only write end
+is the child's (`_Outbox`), so a half-sent message ends in EOF instead of a read that waits
+forever (a multiprocessing Queue's pipe keeps a write end open in the parent too). The child
+ignores Ctrl-C (the trainer closes it) and exits by itself when its parent dies (kill -9), so
+no orphan is left. It deliberately knows nothing of Lightning or rewards.
 """
 
 from __future__ import annotations
@@ -68,6 +72,36 @@ class GenFailure:
     error: str  # the child's traceback
 
 
+class _Outbox:
+    """The child's end of the result pipe: `put` queues (blocking while `max_pending` are
+    queued), a thread sends, so the child generates the next step while the trainer has not
+    read the last one yet; `close` waits until everything queued is sent."""
+
+    def __init__(self, conn, max_pending: int):
+        self.conn = conn
+        self.items: queue.Queue = queue.Queue(maxsize=max(1, max_pending))
+        self.thread = threading.Thread(target=self._send, daemon=True, name="paravt-outbox")
+        self.thread.start()
+
+    def _send(self) -> None:
+        with contextlib.suppress(OSError):  # the trainer closed its end: nothing to send to
+            while (item := self.items.get()) is not None:
+                self.conn.send(item)
+
+    def put(self, item) -> None:
+        while self.thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self.items.put(item, timeout=POLL_S)
+                return
+        raise BrokenPipeError("the trainer stopped reading rollouts")
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self.put(None)
+        self.thread.join()
+        self.conn.close()
+
+
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S)
@@ -98,10 +132,14 @@ def _build(spec: GeneratorSpec, weights):
     return model, engine, agent
 
 
-def generator_main(spec: GeneratorSpec, weights, tasks, results, parent: int) -> None:
-    """The child process: build, then serve tasks until a None arrives."""
+def generator_main(
+    spec: GeneratorSpec, weights, tasks, conn, max_pending: int, parent: int
+) -> None:
+    """The child process: build, then serve tasks until a None arrives; results go out over
+    `conn`, the write end of the result pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    results = _Outbox(conn, max_pending)
     try:
         _pin(spec.cores, spec.threads)
         model, engine, agent = _build(spec, weights)
@@ -122,7 +160,11 @@ def generator_main(spec: GeneratorSpec, weights, tasks, results, parent: int) ->
             out = GenResult(task.step, engine.weight_version, tuple(run), errors, busy, timings)
             results.put(out)
     except BaseException:
-        results.put(GenFailure(traceback.format_exc()))
+        with contextlib.suppress(BrokenPipeError):
+            results.put(GenFailure(traceback.format_exc()))
+    finally:
+        with contextlib.suppress(OSError):
+            results.close()
 
 
 class GeneratorError(RuntimeError):
@@ -132,19 +174,22 @@ class GeneratorError(RuntimeError):
 class AsyncGenerator:
     """The trainer's handle on one generator process."""
 
-    def __init__(self, spec: GeneratorSpec, weights, max_pending: int):
+    def __init__(self, spec: GeneratorSpec, weights, max_pending: int, main=None):
+        """`main`: the child's entry point, `generator_main` unless a test starts another with
+        the same arguments."""
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self.tasks = ctx.Queue()
-        self.results = ctx.Queue(maxsize=max(1, max_pending))
+        self.results, child_end = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
-            target=generator_main,
-            args=(spec, weights, self.tasks, self.results, os.getpid()),
+            target=main or generator_main,
+            args=(spec, weights, self.tasks, child_end, max_pending, os.getpid()),
             daemon=True,
             name="paravt-rollout-generator",
         )
         self.process.start()
+        child_end.close()  # the child's is then the only write end: its death reads as EOF
         self.pid = self.process.pid
 
     def submit(self, task: GenTask) -> None:
@@ -155,15 +200,18 @@ class AsyncGenerator:
         t0 = time.perf_counter()
         while True:
             try:
-                got = self.results.get(timeout=POLL_S)
-            except queue.Empty:
+                got = self.results.recv() if self.results.poll(POLL_S) else None
+            except (EOFError, OSError):  # the child is gone, maybe in the middle of a message
+                self.process.join(POLL_S)
+                got = None
+            if got is None:
                 if not self.process.is_alive():
                     raise GeneratorError(
                         f"the rollout generator process (pid {self.pid}) died with exit code "
                         f"{self.process.exitcode} before sending step {step}"
-                    ) from None
+                    )
                 if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                    raise GeneratorError(f"no rollouts for step {step} in {timeout_s} s") from None
+                    raise GeneratorError(f"no rollouts for step {step} in {timeout_s} s")
                 continue
             if isinstance(got, GenFailure):
                 raise GeneratorError(f"the rollout generator failed:\n{got.error}")
@@ -172,7 +220,9 @@ class AsyncGenerator:
             return got, time.perf_counter() - t0
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the child (politely, then by force) and wait for it."""
+        """Stop the child (politely, then by force) and wait for it. The result pipe is closed
+        first: a result still being sent then fails in the child instead of holding it up."""
+        self.results.close()
         if self.process.is_alive():
             with contextlib.suppress(OSError, ValueError):
                 self.tasks.put(None)
@@ -183,6 +233,5 @@ class AsyncGenerator:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-        for q in (self.tasks, self.results):
-            q.cancel_join_thread()
-            q.close()
+        self.tasks.cancel_join_thread()
+        self.tasks.close()

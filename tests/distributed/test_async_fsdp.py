@@ -8,16 +8,20 @@ and broadcasts it, each rank training its share (3 prompts a step: 2 + 1). With
 step for step: the same rewards, losses and gradient norms, and the same weights at the end.
 KL is on so that every step really updates. Collectives are checked under the simulated NCCL
 rule.
+
+The second test runs the bound (max_staleness=1) and a generator killed mid-run under FSDP2.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.distributed.test_train_fsdp import _max_diff, _weights
 from tests.distributed.test_train_fsdp_vllm import _scalars
+from tests.modules.test_async_rollouts import gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SETTINGS = {
@@ -35,11 +39,19 @@ SETTINGS = {
 KEYS = ("reward/mean", "grad_norm", "kl/reference")
 
 
-def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
-    mine = {k.split("=", 1)[0] for k in SETTINGS}
+def _run(train_py, overrides: list[str], run_dir: Path, *extra: str):
+    """`train.py` over the tiny run's overrides, SETTINGS and `extra`, each key given once (the
+    later wins)."""
+    given = {o.split("=", 1)[0] for o in extra}
+    settings = [f"{k}={v}" for k, v in SETTINGS.items() if k not in given]
+    mine = given | set(SETTINGS)
     base = [o for o in overrides if o.split("=", 1)[0] not in mine]
-    args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
-    proc = train_py(*args, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
+    args = [*base, *settings, f"hydra.run.dir={run_dir}", *extra]
+    return train_py(*args, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
+
+
+def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
+    proc = _run(train_py, overrides, run_dir, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -65,3 +77,41 @@ def test_two_ranks_async_at_staleness_0_equal_one_rank_sync(train_py, tiny_run_o
     weights = _weights(tmp_path / "async" / "hf")
     assert _max_diff(weights, _weights(tmp_path / "sync" / "hf")) < 1e-5
     assert _max_diff(weights, _weights(Path(tiny_run_overrides[0].split("=", 1)[1]))) > 1e-6
+
+
+def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_generator_dies(
+    train_py, tiny_run_overrides, tmp_path
+):
+    """max_staleness=1 under FSDP2: rank 0's generator runs a step ahead, and every rank trains
+    each step's share of trajectories sampled at most 1 update back. Then the generator is
+    SIGKILLed after step 2: rank 0 cannot take step 3, and both ranks stop with that error (rank
+    1 gets it through the broadcast it is waiting in, no hang), leaving no process behind."""
+    records = tmp_path / "probe.jsonl"
+    proc = _run(
+        train_py,
+        tiny_run_overrides,
+        tmp_path / "run",
+        "trainer=fsdp_cpu",
+        "trainer.max_steps=5",
+        "rollout.mode=async",
+        "rollout.max_staleness=1",
+        "algorithm.loss=decoupled_ppo",
+        "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe",
+        f"+callbacks.async_probe.path={records}",
+        "+callbacks.async_probe.kill_generator_after=2",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "died with exit code -9 before sending step 3" in out, out[-3000:]
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    for rank in (0, 1):
+        ranked = [r for r in rows if r["rank"] == rank]
+        assert [r["step"] for r in ranked] == [0, 1, 2], rows  # nothing trained after the kill
+        assert [r["staleness"] for r in ranked] == [0, 1, 1]  # sampled one update back
+        assert [r["weight_version"] for r in ranked] == [0, 0, 1]
+        assert all(r["trajectories"] > 0 for r in ranked)
+    generator = {r["generator_pid"] for r in rows if r["rank"] == 0}
+    assert len(generator) == 1 and None not in generator
+    assert {r["generator_pid"] for r in rows if r["rank"] == 1} == {None}  # rank 0 owns it
+    for pid in {r["pid"] for r in rows} | generator:
+        assert gone(pid), f"process {pid} outlived the run"

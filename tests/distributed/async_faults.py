@@ -1,0 +1,36 @@
+"""A callback for `train.py` runs under test (instantiated from the command line with
+`+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe`): every rank appends
+what it trained on to a JSON-lines file, and rank 0 can SIGKILL its rollout generator after a
+given step, as an OOM killer or an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+
+class AsyncProbe(pl.Callback):
+    def __init__(self, path: str, kill_generator_after: int | None = None):
+        self.path = Path(path)
+        self.kill_after = kill_generator_after
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        rollouts = trainer.datamodule.async_rollouts
+        generator = rollouts.generator if rollouts is not None else None
+        record = {
+            "rank": trainer.global_rank,
+            "pid": os.getpid(),
+            "step": batch.step,
+            "weight_version": batch.weight_version,
+            "staleness": batch.staleness,
+            "trajectories": len(batch.trajectories),
+            "generator_pid": generator.pid if generator is not None else None,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if generator is not None and batch.step == self.kill_after:
+            os.kill(generator.pid, signal.SIGKILL)
