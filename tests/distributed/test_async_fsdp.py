@@ -9,12 +9,15 @@ step for step: the same rewards, losses and gradient norms, and the same weights
 KL is on so that every step really updates. Collectives are checked under the simulated NCCL
 rule.
 
-The second test runs the bound (max_staleness=1) and a generator killed mid-run under FSDP2.
+The other two run the bound (max_staleness=1) and a generator killed mid-run, then rank 0 killed
+by SIGKILL and the run resumed, under FSDP2.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from tests.distributed.test_train_fsdp import _max_diff, _weights
 from tests.distributed.test_train_fsdp_vllm import _scalars
 from tests.modules.test_async_rollouts import gone
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SETTINGS = {
     "cold_start": "null",
@@ -115,3 +119,65 @@ def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_ge
     assert {r["generator_pid"] for r in rows if r["rank"] == 1} == {None}  # rank 0 owns it
     for pid in {r["pid"] for r in rows} | generator:
         assert gone(pid), f"process {pid} outlived the run"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
+
+
+def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
+    train_py, tiny_run_overrides, tmp_path
+):
+    """`train.py trainer=fsdp_cpu rollout.mode=async` with rank 0 SIGKILLed mid-run: rank 1
+    (the launcher's child) and rank 0's generator exit by themselves; `ckpt_path=last` resumes
+    both ranks from the sharded checkpoint with a fresh generator and loses no update."""
+    import subprocess
+    import sys
+
+    from tests.distributed.test_sharded_checkpoint_kill import _step
+    from tests.modules.test_async_rollouts import _children_of, _is_tracker
+    from tests.modules.test_kill_resume_cli import _env
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    extra = ["trainer=fsdp_cpu", "rollout.mode=async", "rollout.max_staleness=1"]
+    extra += ["algorithm.loss=decoupled_ppo", "export_hf=false"]
+    given = {o.split("=", 1)[0] for o in extra} | {"trainer.max_steps"}
+    settings = [f"{k}={v}" for k, v in SETTINGS.items() if k not in given]
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in set(SETTINGS) | given]
+    command = [sys.executable, "train.py", *base, *settings, f"hydra.run.dir={run_dir}", *extra]
+    env = _env() | {"PARAVT_COLLECTIVE_RULE": "nccl"}
+    proc = subprocess.Popen(
+        [*command, "trainer.max_steps=200"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    start = time.monotonic()
+    while not ((last / "meta.pt").exists() and _step(last) >= 2):
+        if proc.poll() is not None or time.monotonic() - start > 600:
+            proc.kill()
+            pytest.fail(f"no checkpoint of step 2:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    children = [p for p in _children_of(proc.pid) if not _is_tracker(p)]
+    rank1 = [p for p in children if "train_ddp_process_1" in _cmdline(p)]
+    generator = [p for p in children if p not in rank1]
+    assert len(rank1) == 1 and len(generator) == 1, [_cmdline(p) for p in children]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert gone(generator[0], within_s=15), "the generator outlived its trainer"
+    assert gone(rank1[0], within_s=120), "rank 1 outlived rank 0"
+    step = _step(last)
+    resumed = train_py(
+        *command[2:], f"trainer.max_steps={step + 2}", "ckpt_path=last", env=env, timeout=900
+    )
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resumed from {last} at step {step}" in out, out[-3000:]
+    assert _step(last) == step + 2
