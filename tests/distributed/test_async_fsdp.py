@@ -181,3 +181,36 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
     assert resumed.returncode == 0, out[-3000:]
     assert f"resumed from {last} at step {step}" in out, out[-3000:]
     assert _step(last) == step + 2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_trainer_exception_on_one_rank_stops_both_and_the_generator(
+    train_py, tiny_run_overrides, tmp_path, rank
+):
+    """An exception in one rank's training step (rank 0 owns the generator; rank 1 does not):
+    the run ends with that error, the other rank does not wait for ever in its next collective,
+    and no process is left behind."""
+    records = tmp_path / "probe.jsonl"
+    proc = _run(
+        train_py,
+        tiny_run_overrides,
+        tmp_path / "run",
+        "trainer=fsdp_cpu",
+        "trainer.max_steps=5",
+        "rollout.mode=async",
+        "rollout.max_staleness=1",
+        "algorithm.loss=decoupled_ppo",
+        "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe",
+        f"+callbacks.async_probe.path={records}",
+        "+callbacks.async_probe.raise_after=1",
+        f"+callbacks.async_probe.raise_on_rank={rank}",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"rank {rank} crashed on purpose" in out, out[-3000:]
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert max(r["step"] for r in rows) <= 2, rows  # nobody trained on for long
+    pids = {r["pid"] for r in rows} | {r["generator_pid"] for r in rows if r["generator_pid"]}
+    assert len(pids) == 3, rows  # both ranks and the generator were seen
+    for pid in pids:
+        assert gone(pid), f"process {pid} outlived the run"
