@@ -65,3 +65,23 @@ def test_each_rank_s_vllm_engine_follows_the_sharded_policy(train_py, tiny_run_o
     stale = _train(train_py, tiny_run_overrides, tmp_path / "stale", "rollout.max_staleness=1")
     assert stale["weight_version"] == [0.0, 0.0]
     assert stale["loss/logprob_gap"][1] > 10 * synced["loss/logprob_gap"][1]
+
+
+def test_rank_0_s_async_vllm_generator_follows_the_sharded_policy(
+    train_py, tiny_run_overrides, tmp_path
+):
+    """`rollout.mode=async` on the same 2 ranks: rank 0's generator process runs vLLM, and
+    after each update the weights gathered from the shards are published to it. At
+    max_staleness 0 step 1 is sampled after update 0 reached the generator's engine, so its
+    behaviour log-probs match the trainer's recomputed ones as closely as in sync mode."""
+    run = _train(
+        train_py,
+        tiny_run_overrides,
+        tmp_path / "async",
+        "rollout.mode=async",
+        "rollout.max_staleness=0",
+    )
+    assert run["weight_version"] == [0.0, 1.0]
+    assert run["rollout/staleness"] == [0.0, 0.0]
+    assert run["grad_norm"][0] > 0  # the first update moved the policy
+    assert run["loss/logprob_gap"][1] < 1e-4  # vLLM in the generator sampled with it
