@@ -118,7 +118,7 @@ class AsyncRollouts:
             self.generator.submit(task)
             self.submitted[task.step] = task
             self.next_step += 1
-        result, waited = self.generator.take(step)
+        result, waited = self.generator.take(step, self.cfg.generator_timeout_s)
         return self.submitted.pop(step), result, waited
 
     def take(self, step: int, module) -> tuple[GenTask, GenResult, float] | None:

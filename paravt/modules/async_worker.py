@@ -211,7 +211,11 @@ class AsyncGenerator:
                         f"{self.process.exitcode} before sending step {step}"
                     )
                 if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                    raise GeneratorError(f"no rollouts for step {step} in {timeout_s} s")
+                    raise GeneratorError(
+                        f"the rollout generator process (pid {self.pid}) is running but sent no "
+                        f"rollouts for step {step} in {timeout_s:g} s "
+                        "(rollout.generator_timeout_s); stopping it"
+                    )
                 continue
             if isinstance(got, GenFailure):
                 raise GeneratorError(f"the rollout generator failed:\n{got.error}")

@@ -53,11 +53,18 @@ class RolloutConfig:
     # async: a generator process overlaps generation with the update (modules/async_rollouts.py)
     mode: str = "sync"
     generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
+    # async: seconds to wait for a step's rollouts before failing the run (None: for ever)
+    generator_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
+        if self.generator_timeout_s is not None and not self.generator_timeout_s > 0:
+            raise ValueError(
+                f"rollout.generator_timeout_s must be > 0 seconds or null (wait for ever), "
+                f"got {self.generator_timeout_s!r}"
+            )
 
 
 @runtime_checkable

@@ -178,6 +178,26 @@ def test_an_exception_in_the_generator_stops_training(tmp_path, tiny_qwen3_dir, 
 
 
 @pytest.mark.slow
+def test_a_generator_slower_than_its_timeout_stops_training(tmp_path, tiny_qwen3_dir, needle_dir):
+    """`rollout.generator_timeout_s` reaches the trainer's wait: a step's rollouts take longer
+    than 0.2 s here, so the run stops at step 0 with the timeout's message, generator closed."""
+    pids, before = Pids(), children()
+    with pytest.raises(GeneratorError, match=r"sent no rollouts for step 0 in 0\.2 s"):
+        fit(
+            tmp_path,
+            tiny_qwen3_dir,
+            needle_dir,
+            "trainer.max_steps=2",
+            "rollout.generator_timeout_s=0.2",
+            "rollout.agent.max_new_tokens=64",
+            *ASYNC,
+            callbacks=[pids],
+        )
+    assert not pids.pids  # no step ended
+    assert all(gone(p) for p in children() - before)
+
+
+@pytest.mark.slow
 def test_a_trainer_crash_leaves_no_generator(tmp_path, tiny_qwen3_dir, needle_dir):
     pids = TrainerCrash()
     with pytest.raises(RuntimeError, match="trainer crashed on purpose"):

@@ -2,7 +2,8 @@
 spawned children that stand in for `generator_main`: a child killed while it is sending a
 result must end `take` with the generator's death, not leave the trainer reading half a message
 for ever (a multiprocessing Queue keeps a write end of its pipe in the reader too, so the reader
-never sees EOF); and a result sent whole before the child dies is still delivered."""
+never sees EOF); a result sent whole before the child dies is still delivered; and a child
+alive but silent fails `take` after `rollout.generator_timeout_s`."""
 
 from __future__ import annotations
 
@@ -39,13 +40,14 @@ def sends_then_dies(spec, weights, tasks, conn, max_pending, parent):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _take_within(gen: AsyncGenerator, step: int, seconds: float):
-    """`gen.take(step)` in a thread: (its result or exception); fails the test on a hang."""
+def _take_within(gen: AsyncGenerator, step: int, seconds: float, timeout_s: float | None = None):
+    """`gen.take(step, timeout_s)` in a thread: (its result or exception); fails the test on a
+    hang."""
     box: list = []
 
     def run():
         try:
-            box.append(gen.take(step))
+            box.append(gen.take(step, timeout_s))
         except Exception as error:  # handed to the test
             box.append(error)
 
@@ -90,3 +92,31 @@ def test_close_does_not_wait_for_a_child_stuck_sending_a_result_nobody_reads():
     gen.close(timeout_s=5.0)
     assert not gen.process.is_alive()
     assert time.perf_counter() - t0 < 5.0  # stopped, not waited out
+
+
+def never_sends(spec, weights, tasks, conn, max_pending, parent):
+    """Alive and silent: a generator stuck in its engine."""
+    time.sleep(120)
+
+
+def test_a_generator_that_sends_nothing_fails_take_after_the_timeout():
+    gen = AsyncGenerator(None, None, max_pending=1, main=never_sends)
+    try:
+        t0 = time.perf_counter()
+        got = _take_within(gen, 0, 30, timeout_s=1.5)
+        assert isinstance(got, GeneratorError), got
+        assert 1.5 <= time.perf_counter() - t0 < 10
+        assert "is running but sent no rollouts for step 0 in 1.5 s" in str(got)
+        assert "rollout.generator_timeout_s" in str(got)
+    finally:
+        gen.close(timeout_s=1.0)
+    assert not gen.process.is_alive()
+
+
+@pytest.mark.parametrize("bad", [0, -5.0])
+def test_the_generator_timeout_must_be_positive_or_null(bad):
+    from paravt.modules.rollout_datamodule import RolloutConfig
+
+    assert RolloutConfig(generator_timeout_s=None).generator_timeout_s is None
+    with pytest.raises(ValueError, match=r"rollout.generator_timeout_s must be > 0 seconds"):
+        RolloutConfig(generator_timeout_s=bad)
