@@ -5,8 +5,8 @@
 weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its cores, and
 then runs `GenTask`s in order: before each task it loads the newest published weights, and it
 sends a `GenResult` (grouped trajectories + the version they were sampled under + busy time)
-back, at most `max_pending` unread. Which steps may start is decided by the trainer
-(`paravt.rollout.staleness`).
+back, queueing at most `max_pending` while the trainer has not read them. Which steps may start
+is decided by the trainer (`paravt.rollout.staleness`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
