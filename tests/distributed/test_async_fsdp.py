@@ -9,8 +9,8 @@ step for step: the same rewards, losses and gradient norms, and the same weights
 KL is on so that every step really updates. Collectives are checked under the simulated NCCL
 rule.
 
-The other two run the bound (max_staleness=1) and a generator killed mid-run, then rank 0 killed
-by SIGKILL and the run resumed, under FSDP2.
+The others, under FSDP2 too: the bound (max_staleness=1) and a generator killed mid-run; an
+exception on either rank; rank 0 killed by SIGKILL and the run resumed.
 """
 
 from __future__ import annotations
