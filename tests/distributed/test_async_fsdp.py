@@ -43,15 +43,48 @@ SETTINGS = {
 KEYS = ("reward/mean", "grad_norm", "kl/reference")
 
 
-def _run(train_py, overrides: list[str], run_dir: Path, *extra: str):
-    """`train.py` over the tiny run's overrides, SETTINGS and `extra`, each key given once (the
-    later wins)."""
+def _args(overrides: list[str], run_dir: Path, *extra: str) -> list[str]:
+    """`train.py`'s arguments: the tiny run's overrides, SETTINGS and `extra`, each key given
+    once (the later wins)."""
     given = {o.split("=", 1)[0] for o in extra}
     settings = [f"{k}={v}" for k, v in SETTINGS.items() if k not in given]
     mine = given | set(SETTINGS)
     base = [o for o in overrides if o.split("=", 1)[0] not in mine]
-    args = [*base, *settings, f"hydra.run.dir={run_dir}", *extra]
+    return [*base, *settings, f"hydra.run.dir={run_dir}", *extra]
+
+
+def _run(train_py, overrides: list[str], run_dir: Path, *extra: str):
+    args = _args(overrides, run_dir, *extra)
     return train_py(*args, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
+
+
+ASYNC_BOUND_1 = [
+    "trainer=fsdp_cpu",
+    "rollout.mode=async",
+    "rollout.max_staleness=1",
+    "algorithm.loss=decoupled_ppo",
+]
+
+
+def _probed_run(train_py, overrides: list[str], tmp_path: Path, **probe) -> tuple[str, list]:
+    """A 5-step async run at max_staleness 1 that must fail, with `AsyncProbe(**probe)`
+    (tests/distributed/async_faults.py) recording every rank's steps; (its output, the
+    records)."""
+    records = tmp_path / "probe.jsonl"
+    target = "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe"
+    proc = _run(
+        train_py,
+        overrides,
+        tmp_path / "run",
+        *ASYNC_BOUND_1,
+        "trainer.max_steps=5",
+        target,
+        f"+callbacks.async_probe.path={records}",
+        *(f"+callbacks.async_probe.{k}={v}" for k, v in probe.items()),
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    return out, [json.loads(line) for line in records.read_text().splitlines()]
 
 
 def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
@@ -90,24 +123,8 @@ def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_ge
     each step's share of trajectories sampled at most 1 update back. Then the generator is
     SIGKILLed after step 2: rank 0 cannot take step 3, and both ranks stop with that error (rank
     1 gets it through the broadcast it is waiting in, no hang), leaving no process behind."""
-    records = tmp_path / "probe.jsonl"
-    proc = _run(
-        train_py,
-        tiny_run_overrides,
-        tmp_path / "run",
-        "trainer=fsdp_cpu",
-        "trainer.max_steps=5",
-        "rollout.mode=async",
-        "rollout.max_staleness=1",
-        "algorithm.loss=decoupled_ppo",
-        "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe",
-        f"+callbacks.async_probe.path={records}",
-        "+callbacks.async_probe.kill_generator_after=2",
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
+    out, rows = _probed_run(train_py, tiny_run_overrides, tmp_path, kill_generator_after=2)
     assert "died with exit code -9 before sending step 3" in out, out[-3000:]
-    rows = [json.loads(line) for line in records.read_text().splitlines()]
     for rank in (0, 1):
         ranked = [r for r in rows if r["rank"] == rank]
         assert [r["step"] for r in ranked] == [0, 1, 2], rows  # nothing trained after the kill
@@ -144,15 +161,11 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
 
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.ckpt"
-    extra = ["trainer=fsdp_cpu", "rollout.mode=async", "rollout.max_staleness=1"]
-    extra += ["algorithm.loss=decoupled_ppo", "export_hf=false"]
-    given = {o.split("=", 1)[0] for o in extra} | {"trainer.max_steps"}
-    settings = [f"{k}={v}" for k, v in SETTINGS.items() if k not in given]
-    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in set(SETTINGS) | given]
-    command = [sys.executable, "train.py", *base, *settings, f"hydra.run.dir={run_dir}", *extra]
+    extra = [*ASYNC_BOUND_1, "export_hf=false"]
     env = _env() | {"PARAVT_COLLECTIVE_RULE": "nccl"}
+    first = _args(tiny_run_overrides, run_dir, *extra, "trainer.max_steps=200")
     proc = subprocess.Popen(
-        [*command, "trainer.max_steps=200"],
+        [sys.executable, "train.py", *first],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -175,7 +188,10 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
     assert gone(rank1[0], within_s=120), "rank 1 outlived rank 0"
     step = _step(last)
     resumed = train_py(
-        *command[2:], f"trainer.max_steps={step + 2}", "ckpt_path=last", env=env, timeout=900
+        *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 2}"),
+        "ckpt_path=last",
+        env=env,
+        timeout=900,
     )
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
@@ -190,25 +206,10 @@ def test_a_trainer_exception_on_one_rank_stops_both_and_the_generator(
     """An exception in one rank's training step (rank 0 owns the generator; rank 1 does not):
     the run ends with that error, the other rank does not wait for ever in its next collective,
     and no process is left behind."""
-    records = tmp_path / "probe.jsonl"
-    proc = _run(
-        train_py,
-        tiny_run_overrides,
-        tmp_path / "run",
-        "trainer=fsdp_cpu",
-        "trainer.max_steps=5",
-        "rollout.mode=async",
-        "rollout.max_staleness=1",
-        "algorithm.loss=decoupled_ppo",
-        "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe",
-        f"+callbacks.async_probe.path={records}",
-        "+callbacks.async_probe.raise_after=1",
-        f"+callbacks.async_probe.raise_on_rank={rank}",
+    out, rows = _probed_run(
+        train_py, tiny_run_overrides, tmp_path, raise_after=1, raise_on_rank=rank
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
     assert f"rank {rank} crashed on purpose" in out, out[-3000:]
-    rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert max(r["step"] for r in rows) <= 2, rows  # nobody trained on for long
     pids = {r["pid"] for r in rows} | {r["generator_pid"] for r in rows if r["generator_pid"]}
     assert len(pids) == 3, rows  # both ranks and the generator were seen
