@@ -38,7 +38,12 @@ from paravt.rollout.engine import (
     GenerationRequest,
     SamplingParams,
 )
-from paravt.rollout.vllm_launch import gpu_launch_kwargs, keep_engine_in_process, launch_world
+from paravt.rollout.vllm_launch import (
+    export_launch_env,
+    gpu_launch_kwargs,
+    keep_engine_in_process,
+    launch_world,
+)
 
 # vLLM's CPU backend on a small shared machine: no core binding, in-process engine core, and a
 # small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls, compiled per shape
@@ -196,7 +201,10 @@ class VLLMEngine:
             merged = merged_state_dict(model) if is_lora(model) else None  # LoRA: base names
             model.save_pretrained(path, state_dict=merged)
             processor.save_pretrained(path)
-        llm = vllm.LLM(**llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt))
+        kwargs = llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt)
+        if kwargs.get("distributed_executor_backend") == "external_launcher":
+            export_launch_env()  # RANK / LOCAL_RANK, which Lightning's launcher and srun omit
+        llm = vllm.LLM(**kwargs)
         _silence_repeats()  # vLLM installs its log handler while the engine starts
         return cls(llm, processor, cfg)
 

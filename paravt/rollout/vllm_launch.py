@@ -1,11 +1,12 @@
 """vLLM inside a multi-GPU trainer launch: one engine per rank, on the rank's own GPU, in-process.
 
-Under Lightning / torchrun every rank builds its own `vllm.LLM` (colocated with the FSDP
+Under Lightning / torchrun / srun every rank builds its own `vllm.LLM` (colocated with the FSDP
 trainer, as TRL's `vllm_mode="colocate"` and verl's hybrid engine do). Three rules follow:
 - placement: vLLM's default single-process executor puts every engine on `cuda:0`; with
-  `distributed_executor_backend="external_launcher"` it reads RANK / LOCAL_RANK and reuses the
-  trainer's process group, each rank on `cuda:LOCAL_RANK`, the W engines as vLLM's external
-  data-parallel replicas (`data_parallel_size=W`, each generating its own prompts);
+  `distributed_executor_backend="external_launcher"` it reads RANK / LOCAL_RANK from the
+  environment and places the engine on `cuda:LOCAL_RANK`. Lightning's own launcher sets
+  LOCAL_RANK but not RANK, srun sets neither (only SLURM_*), so `export_launch_env` writes both
+  from the live process group and the trainer's CUDA device before the engine starts;
 - process: the engine core must run in the trainer's process (VLLM_ENABLE_V1_MULTIPROCESSING=0):
   the in-place reload streams weights gathered from the FSDP shards, which cannot cross into a
   child process;
@@ -48,6 +49,31 @@ def gpu_launch_kwargs(tensor_parallel_size: int, world: int) -> dict[str, Any]:
     if world <= 1:
         return {}
     return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world}
+
+
+def launch_env(rank: int, world: int, device_index: int) -> dict[str, str]:
+    """What vLLM's external launcher reads from the environment for this rank: RANK, and as
+    LOCAL_RANK the index of the CUDA device the engine goes on (the trainer's own)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a world of size {world}")
+    return {"RANK": str(rank), "LOCAL_RANK": str(device_index), "WORLD_SIZE": str(world)}
+
+
+def trainer_device_index() -> int:
+    """The CUDA device this rank trains on (Lightning, torchrun and srun launches alike set it
+    per rank before the engine is built); 0 without CUDA."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
+def export_launch_env(device_index: int | None = None) -> dict[str, str]:
+    """Write `launch_env` for this rank (from the live process group, not from what the launcher
+    happened to export); returns what was written."""
+    rank, world = launch_world()
+    env = launch_env(rank, world, trainer_device_index() if device_index is None else device_index)
+    os.environ.update(env)
+    return env
 
 
 def keep_engine_in_process() -> None:

@@ -1,4 +1,5 @@
-"""vLLM under the multi-GPU launcher: placement kwargs, TP refusal, sleep/wake order.
+"""vLLM under the multi-GPU launcher: placement kwargs and environment, TP refusal, sleep/wake
+order.
 
 vLLM's sleep mode exists on GPUs only, so the order is checked on `VLLMEngine` itself with a
 recording stand-in for `vllm.LLM` (the engine's own code decides what it calls and when); the
@@ -7,12 +8,16 @@ weights streamed through `reload_weights` are the real tiny policy's.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+
 import pytest
 
 from paravt.errors import UserError
 from paravt.rollout import vllm as vllm_engine
 from paravt.rollout.factory import EngineConfig
-from paravt.rollout.vllm_launch import gpu_launch_kwargs
+from paravt.rollout.vllm_launch import gpu_launch_kwargs, launch_env
 
 
 class RecordingLLM:
@@ -100,3 +105,70 @@ def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
     kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm"), "/m", 4)
     assert kwargs["distributed_executor_backend"] == "external_launcher"
     assert kwargs["data_parallel_size"] == 8 and kwargs["tensor_parallel_size"] == 1
+
+
+# What each launcher exports to rank 1 of 2 (one node): Lightning's own launcher
+# (lightning/fabric/strategies/launchers/subprocess_script.py) and srun (SLURM_* only). Neither
+# sets RANK, which vLLM's external launcher reads (ExecutorWithExternalLauncher._distributed_args
+# in vllm/v1/executor/uniproc_executor.py: int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])).
+LAUNCHERS = {
+    "lightning": {"LOCAL_RANK": "{r}", "NODE_RANK": "0", "WORLD_SIZE": "2"},
+    "srun": {"SLURM_PROCID": "{r}", "SLURM_LOCALID": "{r}", "SLURM_NTASKS": "2"},
+}
+LAUNCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def _external_launcher_args() -> tuple[int, int]:
+    """(rank, local_rank) as vLLM 0.32's external launcher reads them (same expressions)."""
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+
+
+def _rank_worker(rank, world, port, out):
+    """One gloo rank: for each launcher's environment, vLLM's view before and after
+    `export_launch_env`. CUDA is faked (a GPU-only API): the trainer's device is cuda:rank, as
+    Lightning sets it per rank before the engine is built."""
+    import torch
+    import torch.distributed as dist
+
+    from paravt.rollout.vllm_launch import export_launch_env
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: rank
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    seen = {}
+    for name, env in LAUNCHERS.items():
+        for key in LAUNCH_KEYS:
+            os.environ.pop(key, None)
+        os.environ.update({k: v.format(r=rank) for k, v in env.items()})
+        try:
+            before = list(_external_launcher_args())
+        except KeyError as missing:
+            before = f"KeyError {missing}"
+        export_launch_env()
+        seen[name] = {"before": before, "after": list(_external_launcher_args())}
+    dist.destroy_process_group()
+    with open(f"{out}/{rank}.json", "w") as f:
+        json.dump(seen, f)
+
+
+def test_launch_env_names_the_rank_and_the_trainers_device():
+    assert launch_env(3, 8, 3) == {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8"}
+    assert launch_env(9, 16, 1) == {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}
+    with pytest.raises(ValueError, match="not in a world of size 2"):
+        launch_env(2, 2, 0)
+
+
+def test_each_rank_tells_vllm_its_rank_under_lightning_and_srun(tmp_path):
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert seen["lightning"]["before"] == "KeyError 'RANK'"  # vLLM would fail here
+        assert seen["srun"]["before"] == "KeyError 'RANK'"
+        assert seen["lightning"]["after"] == seen["srun"]["after"] == [rank, rank]
