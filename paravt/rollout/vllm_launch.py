@@ -1,12 +1,18 @@
 """vLLM inside a multi-GPU trainer launch: one engine per rank, on the rank's own GPU, in-process.
 
 Under Lightning / torchrun / srun every rank builds its own `vllm.LLM` (colocated with the FSDP
-trainer, as TRL's `vllm_mode="colocate"` and verl's hybrid engine do). Three rules follow:
+trainer, as TRL's `vllm_mode="colocate"` and verl's hybrid engine do). Four rules follow:
 - placement: vLLM's default single-process executor puts every engine on `cuda:0`; with
   `distributed_executor_backend="external_launcher"` it reads RANK / LOCAL_RANK from the
   environment and places the engine on `cuda:LOCAL_RANK`. Lightning's own launcher sets
   LOCAL_RANK but not RANK, srun sets neither (only SLURM_*), so `export_launch_env` writes both
   from the live process group and the trainer's CUDA device before the engine starts;
+- independence: each engine is a replica of its own (vLLM's `data_parallel_size` stays 1).
+  With `data_parallel_size=W` vLLM makes every engine step an all-reduce over the W ranks ("are
+  any requests left?"), so ranks that call `generate` a different number of times (agent rounds
+  differ; a rank with no prompts) would wait for each other for ever. vLLM still builds its
+  size-1 groups inside the trainer's process group: a collective once, at start-up, when every
+  rank builds its engine;
 - process: the engine core must run in the trainer's process (VLLM_ENABLE_V1_MULTIPROCESSING=0):
   the in-place reload streams weights gathered from the FSDP shards, which cannot cross into a
   child process;
@@ -48,7 +54,18 @@ def gpu_launch_kwargs(tensor_parallel_size: int, world: int) -> dict[str, Any]:
     check_tensor_parallel(tensor_parallel_size, world)
     if world <= 1:
         return {}
-    return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world}
+    # data_parallel_size stays 1: independent replicas, no per-step all-reduce over the ranks
+    return {"distributed_executor_backend": "external_launcher"}
+
+
+# Variables from which vLLM would size a data-parallel group of its own (offline SPMD mode).
+VLLM_DP_ENV = (
+    "VLLM_DP_SIZE",
+    "VLLM_DP_RANK",
+    "VLLM_DP_RANK_LOCAL",
+    "VLLM_DP_MASTER_IP",
+    "VLLM_DP_MASTER_PORT",
+)
 
 
 def launch_env(rank: int, world: int, device_index: int) -> dict[str, str]:
@@ -69,10 +86,12 @@ def trainer_device_index() -> int:
 
 def export_launch_env(device_index: int | None = None) -> dict[str, str]:
     """Write `launch_env` for this rank (from the live process group, not from what the launcher
-    happened to export); returns what was written."""
+    happened to export) and drop vLLM's data-parallel variables; returns what was written."""
     rank, world = launch_world()
     env = launch_env(rank, world, trainer_device_index() if device_index is None else device_index)
     os.environ.update(env)
+    for key in VLLM_DP_ENV:
+        os.environ.pop(key, None)
     return env
 
 

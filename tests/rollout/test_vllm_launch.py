@@ -88,12 +88,10 @@ def test_an_awake_engine_syncs_without_waking(engine):
     assert [c[0] for c in llm.calls] == ["reload_weights", "reset_prefix_cache", "reset_mm_cache"]
 
 
-def test_multi_rank_gpu_launch_uses_the_external_launcher():
+def test_multi_rank_gpu_launch_uses_independent_external_launcher_engines():
     assert gpu_launch_kwargs(1, 1) == {}
-    assert gpu_launch_kwargs(1, 8) == {
-        "distributed_executor_backend": "external_launcher",
-        "data_parallel_size": 8,
-    }
+    # no data_parallel_size: with it every engine step is an all-reduce over the ranks
+    assert gpu_launch_kwargs(1, 8) == {"distributed_executor_backend": "external_launcher"}
     with pytest.raises(UserError, match="tensor_parallel_size=1"):
         gpu_launch_kwargs(2, 8)
 
@@ -104,7 +102,7 @@ def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm"), "/m", 4)
     assert kwargs["distributed_executor_backend"] == "external_launcher"
-    assert kwargs["data_parallel_size"] == 8 and kwargs["tensor_parallel_size"] == 1
+    assert "data_parallel_size" not in kwargs and kwargs["tensor_parallel_size"] == 1
 
 
 # What each launcher exports to rank 1 of 2 (one node): Lightning's own launcher
@@ -113,7 +111,13 @@ def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
 # in vllm/v1/executor/uniproc_executor.py: int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])).
 LAUNCHERS = {
     "lightning": {"LOCAL_RANK": "{r}", "NODE_RANK": "0", "WORLD_SIZE": "2"},
-    "srun": {"SLURM_PROCID": "{r}", "SLURM_LOCALID": "{r}", "SLURM_NTASKS": "2"},
+    # srun, with a stray offline-DP variable from which vLLM would size a DP group of its own
+    "srun": {
+        "SLURM_PROCID": "{r}",
+        "SLURM_LOCALID": "{r}",
+        "SLURM_NTASKS": "2",
+        "VLLM_DP_SIZE": "2",
+    },
 }
 LAUNCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_PROCID", "SLURM_LOCALID")
 
@@ -147,7 +151,11 @@ def _rank_worker(rank, world, port, out):
         except KeyError as missing:
             before = f"KeyError {missing}"
         export_launch_env()
-        seen[name] = {"before": before, "after": list(_external_launcher_args())}
+        seen[name] = {
+            "before": before,
+            "after": list(_external_launcher_args()),
+            "dp_env": os.environ.get("VLLM_DP_SIZE"),
+        }
     dist.destroy_process_group()
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(seen, f)
@@ -172,3 +180,4 @@ def test_each_rank_tells_vllm_its_rank_under_lightning_and_srun(tmp_path):
         assert seen["lightning"]["before"] == "KeyError 'RANK'"  # vLLM would fail here
         assert seen["srun"]["before"] == "KeyError 'RANK'"
         assert seen["lightning"]["after"] == seen["srun"]["after"] == [rank, rank]
+        assert seen["srun"]["dp_env"] is None
