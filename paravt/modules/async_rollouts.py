@@ -22,7 +22,13 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from paravt.modules.async_worker import AsyncGenerator, GeneratorSpec, GenResult, GenTask
+from paravt.modules.async_worker import (
+    AsyncGenerator,
+    GeneratorSpec,
+    GenResult,
+    GenTask,
+    generator_device,
+)
 from paravt.parallel.collectives import on_rank0
 from paravt.parallel.distributed import Rank, shard_bounds
 from paravt.rollout.records import RolloutBatch
@@ -79,6 +85,7 @@ class AsyncRollouts:
             cores=tuple(theirs),
             threads=len(theirs) or 1,
             skip_bad_videos=not datamodule.fail_fast,
+            device=generator_device(getattr(module, "device", "cpu")),  # rank 0's GPU, if any
         )
         self.generator = AsyncGenerator(spec, self.weights, max_pending=cfg.max_staleness + 1)
         if mine and mine != all_cores:

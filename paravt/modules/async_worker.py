@@ -1,12 +1,16 @@
 """The asynchronous rollout generator: its own process, engine, cores and threads.
 
 `AsyncGenerator` (the trainer's handle) spawns `generator_main` with torch.multiprocessing
-(spawn). The child loads the policy's architecture and processor, copies the trainer's current
-weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its cores, and
-then runs `GenTask`s in order: before each task it loads the newest published weights, and it
-sends a `GenResult` (grouped trajectories + the version they were sampled under + busy time)
-back, queueing at most `max_pending` while the trainer has not read them. Which steps may start
-is decided by the trainer (`paravt.rollout.staleness`).
+(spawn). The child is no rank of the trainer's launch: it first drops the launcher's variables it
+inherited (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*, TORCHELASTIC_*, SLURM_PROCID, ...), so its
+engine is a standalone one, never a member of the trainer's process group, and it sees only the
+trainer rank's GPU (`standalone_env`). It loads the policy's architecture and processor onto that
+device (`generator_device`: the trainer rank's CUDA device, else the CPU), copies the trainer's
+current weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its
+cores, and then runs `GenTask`s in order: before each task it loads the newest published
+weights, and it sends a `GenResult` (grouped trajectories + the version they were sampled under
++ busy time) back, queueing at most `max_pending` while the trainer has not read them. Which
+steps may start is decided by the trainer (`paravt.rollout.staleness`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
@@ -26,7 +30,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from paravt.types import Sample, Trajectory
@@ -45,6 +49,7 @@ class GeneratorSpec:
     cores: tuple[int, ...]
     threads: int
     skip_bad_videos: bool = True
+    device: str = "cpu"  # the trainer rank's device (`generator_device`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,66 @@ class _Outbox:
         self.conn.close()
 
 
+# What a launcher (Lightning, torchrun, srun) exports to its ranks: a child that inherits them
+# looks like a rank to vLLM (`launch_world`, its external launcher) and to torch.distributed.
+LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+)
+LAUNCH_PREFIXES = ("TORCHELASTIC_", "VLLM_DP_")
+
+
+def generator_device(trainer_device) -> str:
+    """Where the generator's engine goes: the trainer rank's CUDA device, else the CPU."""
+    import torch
+
+    device = torch.device(trainer_device)
+    if device.type != "cuda":
+        return "cpu"
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index}"
+
+
+def standalone_env(environ: Mapping[str, str], device: str) -> tuple[dict[str, str], str]:
+    """(the child's environment, its device there): the launcher's variables dropped; on
+    `cuda:k`, CUDA_VISIBLE_DEVICES narrowed to that one GPU, which the child calls `cuda:0`
+    (vLLM's single-process engine always takes the first visible device)."""
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)
+    }
+    if not device.startswith("cuda"):
+        return env, "cpu"
+    index = int(device.partition(":")[2] or 0)
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    if ids is not None and index >= len(ids):
+        raise ValueError(f"{device} is not among CUDA_VISIBLE_DEVICES={visible}")
+    env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids is not None else str(index)
+    return env, "cuda:0"
+
+
+def _enter_standalone(device: str) -> str:
+    """Apply `standalone_env` to this process (before anything touches CUDA); its device."""
+    env, local = standalone_env(os.environ, device)
+    os.environ.clear()
+    os.environ.update(env)
+    return local
+
+
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S)
@@ -116,7 +181,8 @@ def _pin(cores: Sequence[int], threads: int) -> None:
     torch.set_num_threads(max(1, threads))
 
 
-def _build(spec: GeneratorSpec, weights):
+def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
+    """The child's policy copy on `device`, its engine and agent loop."""
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import load_policy
@@ -124,7 +190,7 @@ def _build(spec: GeneratorSpec, weights):
     from paravt.video.reader import VideoReader
 
     model, processor = load_policy(spec.policy)
-    model.requires_grad_(False).eval()
+    model.requires_grad_(False).eval().to(device)
     version = weights.load_into(model, everything=True)
     engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
     engine.sync_weights(model, version)
@@ -141,8 +207,9 @@ def generator_main(
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     results = _Outbox(conn, max_pending)
     try:
+        device = _enter_standalone(spec.device)
         _pin(spec.cores, spec.threads)
-        model, engine, agent = _build(spec, weights)
+        model, engine, agent = _build(spec, weights, device)
         while (task := tasks.get()) is not None:
             if weights.version != engine.weight_version:
                 engine.sync_weights(model, weights.load_into(model))

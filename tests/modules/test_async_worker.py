@@ -3,18 +3,29 @@ spawned children that stand in for `generator_main`: a child killed while it is 
 result must end `take` with the generator's death, not leave the trainer reading half a message
 for ever (a multiprocessing Queue keeps a write end of its pipe in the reader too, so the reader
 never sees EOF); a result sent whole before the child dies is still delivered; and a child
-alive but silent fails `take` after `rollout.generator_timeout_s`."""
+alive but silent fails `take` after `rollout.generator_timeout_s`. Under a W-rank launch the
+child is no rank: it drops the launcher's variables and builds on the trainer rank's device."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 
 import pytest
+import torch
 
-from paravt.modules.async_worker import AsyncGenerator, GeneratorError, GenResult, _Outbox
+from paravt.modules.async_worker import (
+    AsyncGenerator,
+    GeneratorError,
+    GeneratorSpec,
+    GenResult,
+    _Outbox,
+    generator_device,
+    standalone_env,
+)
 
 pytestmark = pytest.mark.timeout(120)
 BIG = 8 << 20  # bytes: far more than a pipe holds, so the send blocks until the reader reads
@@ -120,3 +131,77 @@ def test_the_generator_timeout_must_be_positive_or_null(bad):
     assert RolloutConfig(generator_timeout_s=None).generator_timeout_s is None
     with pytest.raises(ValueError, match=r"rollout.generator_timeout_s must be > 0 seconds"):
         RolloutConfig(generator_timeout_s=bad)
+
+
+def test_the_generator_goes_on_the_trainer_ranks_gpu_else_the_cpu():
+    assert generator_device("cpu") == "cpu"
+    assert generator_device(torch.device("cuda", 3)) == "cuda:3"
+
+
+def test_the_child_environment_drops_the_launch_and_narrows_to_one_gpu():
+    launched = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+        "TORCHELASTIC_RUN_ID": "x",
+        "SLURM_PROCID": "0",
+        "VLLM_DP_SIZE": "2",
+        "PATH": "/bin",
+    }
+    env, device = standalone_env(launched | {"CUDA_VISIBLE_DEVICES": "4,5"}, "cuda:1")
+    assert (env, device) == ({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "5"}, "cuda:0")
+    assert standalone_env(launched, "cuda:1") == (
+        {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"},
+        "cuda:0",
+    )
+    assert standalone_env(launched, "cpu") == ({"PATH": "/bin"}, "cpu")
+    with pytest.raises(ValueError, match="cuda:2 is not among CUDA_VISIBLE_DEVICES=4,5"):
+        standalone_env({"CUDA_VISIBLE_DEVICES": "4,5"}, "cuda:2")
+
+
+def records_what_it_builds_under(spec, weights, tasks, conn, max_pending, parent):
+    """The real `generator_main`, with `_build` replaced by a recorder of what the engine would be
+    built under (the process's launch world, the vLLM launch arguments that world gives, the
+    device `_build` is handed); `spec.policy` names the record's file (nothing is loaded)."""
+    from paravt.modules import async_worker
+    from paravt.rollout.vllm_launch import gpu_launch_kwargs, launch_world
+
+    def build(spec, weights, device="cpu"):
+        world = launch_world()
+        record = {
+            "world": list(world),
+            "vllm_launch": gpu_launch_kwargs(1, world[1]),
+            "device": device,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+        with open(spec.policy, "w") as f:
+            json.dump(record, f)
+        return None, None, None
+
+    async_worker._build = build
+    async_worker.generator_main(spec, weights, tasks, conn, max_pending, parent)
+
+
+def test_a_generator_started_by_rank_0_of_two_builds_a_standalone_engine(tmp_path, monkeypatch):
+    for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    out = tmp_path / "built.json"
+    spec = GeneratorSpec(str(out), None, None, None, (), 1, device="cuda:1")  # rank 0 on cuda:1
+    gen = AsyncGenerator(spec, None, max_pending=1, main=records_what_it_builds_under)
+    try:
+        end = time.monotonic() + 60
+        while not out.exists() and gen.process.is_alive() and time.monotonic() < end:
+            time.sleep(0.2)
+        assert out.exists(), "the generator built nothing"
+    finally:
+        gen.close()
+    # one process of its own, vLLM's single-process engine, on the trainer rank's GPU only
+    assert json.loads(out.read_text()) == {
+        "world": [0, 1],
+        "vllm_launch": {},
+        "device": "cuda:0",
+        "visible": "7",
+    }
