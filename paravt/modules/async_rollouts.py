@@ -71,8 +71,12 @@ class AsyncRollouts:
         if self.rank.rank != 0:
             gather_only(module.policy, self.bucket_bytes)  # rank 0's SharedWeights.create
             return
-        self.weights = SharedWeights.create(
-            module.policy, module.policy_version, mp.get_context("spawn"), "cpu", self.bucket_bytes
+        self.weights = SharedWeights.create(  # at the generator's load dtype, not fp32 master
+            module.policy,
+            module.policy_version,
+            mp.get_context("spawn"),
+            getattr(torch, module.spec.dtype),
+            self.bucket_bytes,
         )
         all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.saved = (set(all_cores), torch.get_num_threads())
