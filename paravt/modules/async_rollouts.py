@@ -11,10 +11,11 @@ are those of `rollout.mode=sync`.
 
 Under an FSDP2 trainer (W ranks) rank 0 owns the generator, which samples every step's whole
 prompt batch: after each update every rank joins the gather of the full weights from the shards
-(a collective) and rank 0 publishes them; rank 0 takes the step's rollouts and broadcasts them
-(`paravt.parallel.collectives.on_rank0`, which hands a generator error to every rank too), and
-each rank keeps its own share of the groups (`shard_bounds`, as the prompt loader deals them).
-Glue: no arithmetic of its own.
+(a collective) and rank 0 publishes them; rank 0 takes the step's rollouts and scatters them
+(`paravt.parallel.collectives.on_rank0_each`, which hands a generator error to every rank too):
+each rank is sent the step's prompts and only its own share of the trajectories, clips
+included (`keep_share`: the groups `shard_bounds` deals it, as the prompt loader does), not the
+whole batch's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from paravt.modules.async_worker import (
     GenTask,
     generator_device,
 )
-from paravt.parallel.collectives import on_rank0
+from paravt.parallel.collectives import on_rank0_each
 from paravt.parallel.distributed import Rank, shard_bounds
 from paravt.rollout.records import RolloutBatch
 from paravt.rollout.shared_weights import SharedWeights, gather_only
@@ -136,7 +137,11 @@ class AsyncRollouts:
         """Step `step`'s rollouts, the whole batch's on every rank (publishing the weights and
         submitting ahead first); None when they are too stale to train on."""
         self._publish(module)
-        task, result, waited = on_rank0(lambda: self._fetch(step))
+        world = self.rank.world_size
+        task, result, waited = on_rank0_each(
+            lambda: self._fetch(step),
+            lambda got, r: (got[0], keep_share(got[0], got[1], r, world), got[2]),
+        )
         self.wait_s += waited
         if too_stale(module.policy_version, result.version, self.cfg.max_staleness):
             self.dropped += len(result.trajectories)
@@ -152,6 +157,18 @@ class AsyncRollouts:
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads)
+
+
+def keep_share(task: GenTask, result: GenResult, rank: int, world: int) -> GenResult:
+    """`result` as rank `rank` needs it: the trajectories of its own share of the groups (the
+    groups `rollout_batch` deals it: those whose video decoded, split by `shard_bounds`), every
+    other one replaced by None, so the positions and counts stay the whole batch's."""
+    g = task.group_size
+    kept = [b for b, s in enumerate(task.samples) if s.id not in result.video_errors]
+    lo, hi = shard_bounds(len(kept), rank, world)
+    mine = set(kept[lo:hi])
+    trajs = tuple(t if i // g in mine else None for i, t in enumerate(result.trajectories))
+    return replace(result, trajectories=trajs)
 
 
 def _share(task: GenTask, samples, budgets, trajs, rank: Rank) -> tuple[list, list, list]:

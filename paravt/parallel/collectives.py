@@ -146,6 +146,28 @@ def on_rank0(fn, group=None):
     return value
 
 
+def on_rank0_each(fn, part, group=None):
+    """`fn()` run by rank 0 only; rank r receives `part(result, r)` (or rank 0's exception):
+    one scatter, each rank sent only its part of a large result, where `on_rank0` sends every
+    rank all of it. Under NCCL torch stages each part on the current CUDA device (the one
+    Lightning sets per rank). One process: `part(fn(), 0)`."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return part(fn(), 0)
+    box: list = [None]
+    parts = None
+    if dist.get_rank(group) == 0:
+        try:
+            value = fn()
+            parts = [("ok", part(value, r)) for r in range(dist.get_world_size(group))]
+        except Exception as error:  # every rank must leave the scatter, then raise
+            parts = [("error", error)] * dist.get_world_size(group)
+    dist.scatter_object_list(box, parts, src=0, group=group)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
 def leave_group(wait_for_peers: bool = True) -> None:
     """Tear the default process group down once every rank has reached this point.
 

@@ -61,3 +61,12 @@ def test_leave_group_waits_for_a_slow_peer_unless_leaving_on_an_error(tmp_path, 
         assert left0 >= arrived1  # rank 0 left only once the slow rank 1 had arrived
     else:
         assert left0 - arrived0 < 1.5  # it did not wait out its peer
+
+
+def test_on_rank0_each_sends_each_rank_only_its_part_and_rank_0s_error(tmp_path):
+    from .launch import launch
+
+    seen = launch(["each", "-", str(tmp_path)], tmp_path, world_size=2, timeout=120)
+    assert [s["got"] for s in seen] == [[10, 11, 12], [13, 14, 15]]
+    assert [s["calls"] for s in seen] == [[0], []]  # fetched once, by rank 0
+    assert [s["error"] for s in seen] == ["the generator failed"] * 2

@@ -452,6 +452,29 @@ def scenario_leave(wait: bool, out: Path) -> None:
     torch.save({}, out / f"rank{rank}.pt")  # what launch() collects
 
 
+def scenario_each() -> dict:
+    """What `on_rank0_each` hands this rank: rank 0's whole batch split in parts (3 each), then
+    rank 0's error."""
+    from paravt.parallel.collectives import on_rank0_each
+
+    rank, calls = dist.get_rank(), []
+
+    def fetch():
+        calls.append(rank)
+        return list(range(10, 16))  # the whole batch, made on rank 0 only
+
+    def fails():
+        raise ValueError("the generator failed")
+
+    got = on_rank0_each(fetch, lambda whole, r: whole[3 * r : 3 * r + 3])
+    try:
+        on_rank0_each(fails, lambda whole, r: whole)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return {"got": got, "calls": calls, "error": error}
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
 
 
@@ -471,6 +494,10 @@ def main(argv: list[str]) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     if scenario == "leave":  # leave_group's barrier: model_dir is "wait" or "nowait"
         scenario_leave(model_dir == "wait", out)
+        return
+    if scenario == "each":  # on_rank0_each (model_dir unused)
+        torch.save(scenario_each(), out / f"rank{dist.get_rank()}.pt")
+        leave_group()
         return
     try:
         if scenario == "precision":  # tests/distributed/precision_worker.py

@@ -13,7 +13,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from paravt.modules.async_worker import GeneratorError
+from paravt.modules.async_rollouts import keep_share
+from paravt.modules.async_worker import GeneratorError, GenResult, GenTask
+from paravt.types import Sample
 from tests.modules.test_grpo_training import train
 
 ASYNC = ["rollout.mode=async", "callbacks.benchmark_validation=null"]
@@ -269,3 +271,16 @@ def _is_tracker(pid: int) -> bool:
             return b"resource_tracker" in f.read()
     except FileNotFoundError:
         return True
+
+
+def test_each_rank_is_sent_only_its_share_of_the_trajectories():
+    # 4 prompts x G=2 (trajectories 0..7 stand for the real ones); prompt "b"'s video failed,
+    # so the kept groups a, c, d are dealt a, c to rank 0 and d to rank 1 (shard_bounds)
+    samples = tuple(Sample(i, f"{i}.mp4", "q", "A") for i in "abcd")
+    task = GenTask(3, samples, (8, 8, 8, 8), 2, None)
+    result = GenResult(3, 1, tuple(range(8)), {"b": "undecodable"}, 0.5, {})
+    rank0, rank1 = (keep_share(task, result, r, 2) for r in (0, 1))
+    assert rank0.trajectories == (0, 1, None, None, 4, 5, None, None)
+    assert rank1.trajectories == (None, None, None, None, None, None, 6, 7)
+    assert rank1.video_errors == {"b": "undecodable"} and rank1.version == 1
+    assert keep_share(task, result, 0, 1).trajectories == (0, 1, None, None, 4, 5, 6, 7)
