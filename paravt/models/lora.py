@@ -30,6 +30,11 @@ import torch
 from paravt.errors import UserError
 
 ADAPTER = "default"
+# QLoRA keeps these in full precision. transformers' own default list (`get_keys_to_not_convert`:
+# the output embeddings, i.e. `lm_head`) is replaced, not extended, by any list given, and its
+# patterns match a module name from its start (or as a suffix): "visual" alone matches neither
+# `model.visual.blocks.0.attn.qkv` nor `lm_head`.
+QLORA_SKIP = ("model.visual", "lm_head")
 INIT_SEED = 0  # the adapters' initialisation (A: kaiming-uniform draws, B: zeros)
 # The language model's linear layers; the vision tower's are never matched.
 LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -72,10 +77,18 @@ def lora_spec(node: Mapping[str, Any] | LoraSpec | None) -> LoraSpec | None:
     return spec if spec is not None and spec.rank > 0 else None
 
 
-def check_qlora(spec: LoraSpec) -> None:
-    """QLoRA runs on a CUDA GPU with bitsandbytes; anywhere else: one line saying so."""
+def check_qlora(spec: LoraSpec, sharded: bool = False) -> None:
+    """QLoRA runs on one CUDA GPU with bitsandbytes; anywhere else (`sharded`: under FSDP2),
+    one line saying so."""
     if not spec.load_in_4bit:
         return
+    if sharded:
+        raise UserError(
+            "model.lora.load_in_4bit=true (QLoRA) cannot run under FSDP (trainer=fsdp): the "
+            "sharded policy is cast to fp32 master weights, which transformers refuses for a "
+            "bitsandbytes 4-bit model; set model.lora.load_in_4bit=false (LoRA on a bf16 base, "
+            "sharded) or run QLoRA on one GPU without trainer=fsdp"
+        )
     if not torch.cuda.is_available():
         raise UserError(
             "model.lora.load_in_4bit=true (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit "
@@ -101,7 +114,7 @@ def quantization_kwargs(spec: LoraSpec | None, dtype: torch.dtype) -> dict[str, 
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype,
-        llm_int8_skip_modules=["visual"],  # the vision tower stays in full precision
+        llm_int8_skip_modules=list(QLORA_SKIP),  # vision tower and lm_head in full precision
     )
     return {"quantization_config": config}
 
@@ -196,26 +209,51 @@ def iter_merged_state_dict(
 
 @torch.no_grad()
 def _merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, merged full tensor), in the order of `model.state_dict()`."""
+    """(name, merged full tensor), in the order of `model.state_dict()`. A QLoRA base's 4-bit
+    weights are dequantised first and their quantisation statistics (`<weight>.absmax`, ...)
+    left out: the result has the base model's names and full-precision values."""
     layers = {n: m for n, m in lora_layers(model).items() if ADAPTER in m.lora_A}
+    packed = packed_4bit_weights(model)
+    statistics = tuple(f"{k}." for k in packed)
     pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> its gathered base, A, B
     parts = {".base_layer.weight": "W", f".lora_A.{ADAPTER}.weight": "A"}
     parts[f".lora_B.{ADAPTER}.weight"] = "B"
     for key, value in model.state_dict().items():
+        if statistics and key.startswith(statistics):
+            continue
+        value = dequantize_4bit(packed[key]) if key in packed else _gathered(value)
         module, part = next(
             ((key[: -len(s)], p) for s, p in parts.items() if key.endswith(s)), (None, None)
         )
         if module not in layers:
             if ".lora_" not in key:  # another adapter's factors are not part of the model
-                yield key.replace(".base_layer.", "."), _gathered(value)
+                yield key.replace(".base_layer.", "."), value
             continue
         got = pending.setdefault(module, {})
-        got[part] = _gathered(value)
+        got[part] = value
         if len(got) == 3:
             del pending[module]
             yield f"{module}.weight", _merge(layers[module], got)
     if pending:
         raise RuntimeError(f"LoRA layers without base weight or factors: {sorted(pending)}")
+
+
+def packed_4bit_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state-dict key -> weight of every bitsandbytes 4-bit layer (a QLoRA base): packed uint8
+    bytes whose `quant_state` holds the shape, dtype and statistics to dequantise them."""
+    out = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if getattr(weight, "quant_state", None) is not None:
+            out[f"{name}.weight" if name else "weight"] = weight
+    return out
+
+
+def dequantize_4bit(weight: torch.Tensor) -> torch.Tensor:
+    """The full-precision [out, in] tensor a bitsandbytes 4-bit weight stands for."""
+    import bitsandbytes.functional as bnbf
+
+    return bnbf.dequantize_4bit(weight.data, weight.quant_state)
 
 
 def _gathered(t: torch.Tensor) -> torch.Tensor:
