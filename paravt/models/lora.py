@@ -11,7 +11,8 @@ unchanged; only the adapters are trainable (the vision tower and every base weig
 - `fold_adapters(policy)`: adds the adapters into the base weights and restarts them at zero
   (B = 0), so the policy is unchanged and the reference becomes the current policy.
 - `export_lora(policy, processor, path)`: the merged model at `path` (transformers / vLLM load it
-  as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`).
+  as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`);
+  under FSDP2 gathered bucket by bucket onto rank 0's host (`merged_state_dict_on_rank0`).
 QLoRA (`load_in_4bit`) needs bitsandbytes' CUDA kernels: `check_qlora` refuses it elsewhere.
 Under FSDP2 the adapters sit inside the sharded decoder layers like any parameter (fully_shard
 keeps each parameter's requires_grad); `iter_merged_state_dict` gathers the shards and merges the
@@ -272,6 +273,25 @@ def _merge(layer, got: dict[str, torch.Tensor]) -> torch.Tensor:
     return got["W"] + delta.to(got["W"].dtype)
 
 
+def merged_state_dict_on_rank0(
+    model: torch.nn.Module, bucket_bytes: int = 256 << 20, keep: bool | None = None
+) -> dict[str, torch.Tensor]:
+    """The merged state dict on the host, for a writer on rank 0: gathered bucket by bucket, each
+    bucket moved to the CPU on rank 0 and dropped on the other ranks (`keep` None: by rank)
+    before the next one is gathered, so no rank holds more than one bucket of full weights on
+    its device. Every rank must call it (the gathers are collectives); the others get {}."""
+    if keep is None:
+        import torch.distributed as dist
+
+        keep = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for bucket in iter_merged_state_dict(model, bucket_bytes, "cpu" if keep else None):
+        if keep:
+            out.update(bucket)
+        del bucket  # the other ranks: this bucket's gathered tensors are freed here
+    return out
+
+
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter merged in (keys as without LoRA); from a
     sharded model, gathered (every rank calls it and gets the full tensors)."""
@@ -299,10 +319,10 @@ def export_lora(model: torch.nn.Module, processor, path: str | Path, base_path: 
     from safetensors.torch import save_file
 
     path = Path(path)
-    merged = merged_state_dict(model)  # sharded: every rank gathers, rank 0 writes
+    merged = merged_state_dict_on_rank0(model)  # sharded: every rank gathers, rank 0 keeps
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
     # peft's own layout: PeftModel wraps the model as `base_model.model`
-    state = {f"base_model.model.{k}": _gathered(v).contiguous() for k, v in state.items()}
+    state = {f"base_model.model.{k}": _gathered(v).cpu().contiguous() for k, v in state.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         dist.barrier()
         return

@@ -162,6 +162,36 @@ def test_qlora_is_refused_without_a_cuda_gpu(tiny_qwen3_dir):
         load_policy(spec)
 
 
+def test_the_export_gathers_bucket_by_bucket_and_only_rank_0_keeps_them(
+    tiny_qwen3_dir, monkeypatch
+):
+    import weakref
+
+    from paravt.models import lora
+
+    model, _ = _policy(tiny_qwen3_dir)
+    _perturb(model)
+    want = merged_state_dict(model)
+    got = lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=True)  # rank 0
+    assert list(got) == list(want)
+    assert all(t.device.type == "cpu" and torch.equal(t, want[k]) for k, t in got.items())
+    merged = {f"{n}.weight" for n in lora_layers(model)}  # new tensors, not parameters
+    real, alive, buckets = lora.iter_merged_state_dict, [], []
+
+    def watched(*args, **kwargs):
+        for bucket in real(*args, **kwargs):
+            # every earlier bucket's merged tensors are freed before this one is gathered
+            assert all(ref() is None for ref in alive)
+            alive.extend(weakref.ref(t) for n, t in bucket if n in merged)
+            buckets.append(len(bucket))
+            yield bucket
+            del bucket
+
+    monkeypatch.setattr(lora, "iter_merged_state_dict", watched)
+    assert lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=False) == {}
+    assert len(buckets) > 3 and len(alive) == len(merged)
+
+
 QLORA = {"rank": 4, "alpha": 8.0, "load_in_4bit": True}
 
 
