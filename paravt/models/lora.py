@@ -306,6 +306,11 @@ def fold_adapters(model: torch.nn.Module) -> None:
 
     if any(isinstance(p, DTensor) for p in model.parameters()):  # FSDP2-sharded
         raise NotImplementedError("fold_adapters on an FSDP2-sharded policy: fold on one process")
+    if packed_4bit_weights(model):  # the delta cannot be added to packed 4-bit bytes
+        raise NotImplementedError(
+            "fold_adapters on a 4-bit (QLoRA) base: export the merged model "
+            "(merged_state_dict) and load it in full precision instead"
+        )
     for layer in lora_layers(model).values():
         base = layer.get_base_layer()
         base.weight += layer.get_delta_weight(ADAPTER).to(base.weight.dtype)

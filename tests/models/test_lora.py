@@ -249,6 +249,8 @@ def test_a_qlora_merge_is_dequantised_under_the_base_models_names(tiny_qwen3_dir
     with torch.no_grad(), head_logprobs(model, ids, 1.0, [], 64, False):  # the fused path
         out = model(input_ids=ids).logits
     assert out.shape == (1, 4, 3) and torch.isfinite(out[0, :-1, 0]).all()
+    with pytest.raises(NotImplementedError, match="4-bit"):  # no delta added to packed bytes
+        fold_adapters(model)
 
 
 @pytest.mark.parametrize(
