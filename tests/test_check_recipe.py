@@ -70,6 +70,43 @@ def test_configs_that_cannot_run_exit_2_naming_the_fix(overrides, fix, capsys):
     assert "ERROR:" in out and fix in out
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fix"),
+    [
+        (["model.lora.rank=16", "model.lora.load_in_4bit=true"], "model.lora.load_in_4bit=false"),
+        (["optimizer=adamw8bit"], "optimizer=adamw (torch AdamW"),
+    ],
+)
+def test_gpu_libraries_that_fail_under_fsdp_exit_2_naming_the_fix(overrides, fix, capsys):
+    base = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main([*base, *overrides]) == 2
+    out = capsys.readouterr().out
+    assert "under FSDP" in out and fix in out
+    # on one GPU without FSDP both run (bitsandbytes' own kernels, no DTensor)
+    one = ["experiment=paragrpo", "trainer.devices=1", "~trainer.strategy"]
+    one += ["model.path=/m/Qwen3-VL-8B-Instruct", "--gpu-gb", "1000"]
+    assert main([*one, *overrides]) == 0, capsys.readouterr().out
+
+
+def test_a_tensor_parallel_engine_in_the_trainers_process_exits_2(capsys):
+    args = ["experiment=paragrpo", "trainer.devices=1", "~trainer.strategy", "--gpu-gb", "1000"]
+    args += ["model.path=/m/Qwen3-VL-8B-Instruct", "rollout/engine=vllm"]
+    args += ["rollout.engine.max_model_len=32768"]
+    assert main(args) == 0, capsys.readouterr().out
+    assert main([*args, "rollout.engine.tensor_parallel_size=2"]) == 2
+    out = capsys.readouterr().out
+    assert "cannot be pickled" in out and "rollout.engine.tensor_parallel_size=1" in out
+
+
+def test_the_memory_fix_names_8bit_adamw_only_without_fsdp(capsys):
+    big = ["experiment=paragrpo", "model.path=/m/Qwen3-VL-8B-Instruct", "--gpu-gb", "20"]
+    assert main([*big, "trainer.devices=8"]) == 2
+    out = capsys.readouterr().out
+    assert "more than a 20 GB GPU" in out and "adamw8bit" not in out
+    assert main([*big, "trainer.devices=1", "~trainer.strategy"]) == 2
+    assert "optimizer=adamw8bit" in capsys.readouterr().out
+
+
 def test_required_files_are_checked(tmp_path, capsys):
     args = ["experiment=paragrpo", f"model.path={tmp_path}/Qwen3-VL-8B", "--require-files"]
     assert main(args) == 2

@@ -84,7 +84,7 @@ def load_policy(spec: PolicySpec, on_meta: bool = False):
 
     lora = lora_spec(spec.lora)
     if lora is not None:
-        check_qlora(lora)  # before any weight is read: QLoRA needs a CUDA GPU
+        check_qlora(lora, sharded=on_meta)  # before any weight is read: one CUDA GPU
     path = policy_path(spec)
     kwargs = {"dtype": getattr(torch, spec.dtype), "attn_implementation": spec.attn_implementation}
     kwargs |= quantization_kwargs(lora, kwargs["dtype"])

@@ -11,7 +11,8 @@ unchanged; only the adapters are trainable (the vision tower and every base weig
 - `fold_adapters(policy)`: adds the adapters into the base weights and restarts them at zero
   (B = 0), so the policy is unchanged and the reference becomes the current policy.
 - `export_lora(policy, processor, path)`: the merged model at `path` (transformers / vLLM load it
-  as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`).
+  as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`);
+  under FSDP2 gathered bucket by bucket onto rank 0's host (`merged_state_dict_on_rank0`).
 QLoRA (`load_in_4bit`) needs bitsandbytes' CUDA kernels: `check_qlora` refuses it elsewhere.
 Under FSDP2 the adapters sit inside the sharded decoder layers like any parameter (fully_shard
 keeps each parameter's requires_grad); `iter_merged_state_dict` gathers the shards and merges the
@@ -30,6 +31,11 @@ import torch
 from paravt.errors import UserError
 
 ADAPTER = "default"
+# QLoRA keeps these in full precision. transformers' own default list (`get_keys_to_not_convert`:
+# the output embeddings, i.e. `lm_head`) is replaced, not extended, by any list given, and its
+# patterns match a module name from its start (or as a suffix): "visual" alone matches neither
+# `model.visual.blocks.0.attn.qkv` nor `lm_head`.
+QLORA_SKIP = ("model.visual", "lm_head")
 INIT_SEED = 0  # the adapters' initialisation (A: kaiming-uniform draws, B: zeros)
 # The language model's linear layers; the vision tower's are never matched.
 LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -72,10 +78,18 @@ def lora_spec(node: Mapping[str, Any] | LoraSpec | None) -> LoraSpec | None:
     return spec if spec is not None and spec.rank > 0 else None
 
 
-def check_qlora(spec: LoraSpec) -> None:
-    """QLoRA runs on a CUDA GPU with bitsandbytes; anywhere else: one line saying so."""
+def check_qlora(spec: LoraSpec, sharded: bool = False) -> None:
+    """QLoRA runs on one CUDA GPU with bitsandbytes; anywhere else (`sharded`: under FSDP2),
+    one line saying so."""
     if not spec.load_in_4bit:
         return
+    if sharded:
+        raise UserError(
+            "model.lora.load_in_4bit=true (QLoRA) cannot run under FSDP (trainer=fsdp): the "
+            "sharded policy is cast to fp32 master weights, which transformers refuses for a "
+            "bitsandbytes 4-bit model; set model.lora.load_in_4bit=false (LoRA on a bf16 base, "
+            "sharded) or run QLoRA on one GPU without trainer=fsdp"
+        )
     if not torch.cuda.is_available():
         raise UserError(
             "model.lora.load_in_4bit=true (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit "
@@ -101,7 +115,7 @@ def quantization_kwargs(spec: LoraSpec | None, dtype: torch.dtype) -> dict[str, 
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype,
-        llm_int8_skip_modules=["visual"],  # the vision tower stays in full precision
+        llm_int8_skip_modules=list(QLORA_SKIP),  # vision tower and lm_head in full precision
     )
     return {"quantization_config": config}
 
@@ -196,26 +210,51 @@ def iter_merged_state_dict(
 
 @torch.no_grad()
 def _merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, merged full tensor), in the order of `model.state_dict()`."""
+    """(name, merged full tensor), in the order of `model.state_dict()`. A QLoRA base's 4-bit
+    weights are dequantised first and their quantisation statistics (`<weight>.absmax`, ...)
+    left out: the result has the base model's names and full-precision values."""
     layers = {n: m for n, m in lora_layers(model).items() if ADAPTER in m.lora_A}
+    packed = packed_4bit_weights(model)
+    statistics = tuple(f"{k}." for k in packed)
     pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> its gathered base, A, B
     parts = {".base_layer.weight": "W", f".lora_A.{ADAPTER}.weight": "A"}
     parts[f".lora_B.{ADAPTER}.weight"] = "B"
     for key, value in model.state_dict().items():
+        if statistics and key.startswith(statistics):
+            continue
+        value = dequantize_4bit(packed[key]) if key in packed else _gathered(value)
         module, part = next(
             ((key[: -len(s)], p) for s, p in parts.items() if key.endswith(s)), (None, None)
         )
         if module not in layers:
             if ".lora_" not in key:  # another adapter's factors are not part of the model
-                yield key.replace(".base_layer.", "."), _gathered(value)
+                yield key.replace(".base_layer.", "."), value
             continue
         got = pending.setdefault(module, {})
-        got[part] = _gathered(value)
+        got[part] = value
         if len(got) == 3:
             del pending[module]
             yield f"{module}.weight", _merge(layers[module], got)
     if pending:
         raise RuntimeError(f"LoRA layers without base weight or factors: {sorted(pending)}")
+
+
+def packed_4bit_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state-dict key -> weight of every bitsandbytes 4-bit layer (a QLoRA base): packed uint8
+    bytes whose `quant_state` holds the shape, dtype and statistics to dequantise them."""
+    out = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if getattr(weight, "quant_state", None) is not None:
+            out[f"{name}.weight" if name else "weight"] = weight
+    return out
+
+
+def dequantize_4bit(weight: torch.Tensor) -> torch.Tensor:
+    """The full-precision [out, in] tensor a bitsandbytes 4-bit weight stands for."""
+    import bitsandbytes.functional as bnbf
+
+    return bnbf.dequantize_4bit(weight.data, weight.quant_state)
 
 
 def _gathered(t: torch.Tensor) -> torch.Tensor:
@@ -234,6 +273,25 @@ def _merge(layer, got: dict[str, torch.Tensor]) -> torch.Tensor:
     return got["W"] + delta.to(got["W"].dtype)
 
 
+def merged_state_dict_on_rank0(
+    model: torch.nn.Module, bucket_bytes: int = 256 << 20, keep: bool | None = None
+) -> dict[str, torch.Tensor]:
+    """The merged state dict on the host, for a writer on rank 0: gathered bucket by bucket, each
+    bucket moved to the CPU on rank 0 and dropped on the other ranks (`keep` None: by rank)
+    before the next one is gathered, so no rank holds more than one bucket of full weights on
+    its device. Every rank must call it (the gathers are collectives); the others get {}."""
+    if keep is None:
+        import torch.distributed as dist
+
+        keep = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for bucket in iter_merged_state_dict(model, bucket_bytes, "cpu" if keep else None):
+        if keep:
+            out.update(bucket)
+        del bucket  # the other ranks: this bucket's gathered tensors are freed here
+    return out
+
+
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter merged in (keys as without LoRA); from a
     sharded model, gathered (every rank calls it and gets the full tensors)."""
@@ -248,6 +306,11 @@ def fold_adapters(model: torch.nn.Module) -> None:
 
     if any(isinstance(p, DTensor) for p in model.parameters()):  # FSDP2-sharded
         raise NotImplementedError("fold_adapters on an FSDP2-sharded policy: fold on one process")
+    if packed_4bit_weights(model):  # the delta cannot be added to packed 4-bit bytes
+        raise NotImplementedError(
+            "fold_adapters on a 4-bit (QLoRA) base: export the merged model "
+            "(merged_state_dict) and load it in full precision instead"
+        )
     for layer in lora_layers(model).values():
         base = layer.get_base_layer()
         base.weight += layer.get_delta_weight(ADAPTER).to(base.weight.dtype)
@@ -261,10 +324,10 @@ def export_lora(model: torch.nn.Module, processor, path: str | Path, base_path: 
     from safetensors.torch import save_file
 
     path = Path(path)
-    merged = merged_state_dict(model)  # sharded: every rank gathers, rank 0 writes
+    merged = merged_state_dict_on_rank0(model)  # sharded: every rank gathers, rank 0 keeps
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
     # peft's own layout: PeftModel wraps the model as `base_model.model`
-    state = {f"base_model.model.{k}": _gathered(v).contiguous() for k, v in state.items()}
+    state = {f"base_model.model.{k}": _gathered(v).cpu().contiguous() for k, v in state.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         dist.barrier()
         return

@@ -9,7 +9,8 @@ every key of the whole row: quadratic in the ROW, and the masked kernels skip no
 "paravt_varlen" (registered with transformers' `AttentionInterface` and `AttentionMaskInterface`)
 does what flash-attention's varlen kernels do on GPU: each sequence attends only to itself,
 causally, through `scaled_dot_product_attention(..., is_causal=True)` on its own slice: quadratic
-in each SEQUENCE, with the causal kernels' skip of the masked half. Anything else (a padding
+in each SEQUENCE, with the causal kernels' skip of the masked half. The segment boundaries are
+read from the positions once per forward and reused by every layer. Anything else (a padding
 mask, a KV cache, a batch with no restarts) goes to transformers' own sdpa functions
 unchanged, so the implementation computes what "sdpa" computes everywhere; a sliding-window
 layer is refused with an error.
@@ -25,6 +26,7 @@ It deliberately knows nothing of trajectories, packing plans or losses (packed_f
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,6 +45,27 @@ def segment_lengths(positions: torch.Tensor) -> list[int]:  # positions: [L] tex
     starts[1:] = positions[1:] != positions[:-1] + 1
     cuts = [*torch.nonzero(starts).flatten().tolist(), positions.numel()]
     return [b - a for a, b in itertools.pairwise(cuts)]
+
+
+class _RowsCache:
+    """The segment lengths of the last position tensor seen: every decoder layer of one forward
+    (and a checkpointed layer's recomputation) gets the same `position_ids` object, so the
+    boundaries are read to the host (a device sync) once per forward, not once per layer."""
+
+    def __init__(self) -> None:
+        self._ref = lambda: None  # a weak reference to the tensor the rows were read from
+        self._key: tuple = ()
+        self._rows: list[list[int]] = []
+
+    def rows(self, positions: torch.Tensor, batch: int) -> list[list[int]]:
+        key = (positions._version, batch, tuple(positions.shape))
+        if self._ref() is not positions or self._key != key:  # another (or a changed) tensor
+            self._rows = [segment_lengths(p) for p in positions.expand(batch, -1)]
+            self._ref, self._key = weakref.ref(positions), key
+        return self._rows
+
+
+_ROWS = _RowsCache()
 
 
 def varlen_sdpa_forward(
@@ -64,7 +87,7 @@ def varlen_sdpa_forward(
     positions = kwargs.get("position_ids")  # [B, L] text positions
     rows = None
     if attention_mask is None and positions is not None and query.shape[2] == key.shape[2] > 1:
-        rows = [segment_lengths(p) for p in positions.expand(query.shape[0], -1)]
+        rows = _ROWS.rows(positions, query.shape[0])
     if rows is None or all(len(r) == 1 for r in rows):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, **kwargs

@@ -181,15 +181,17 @@ class RolloutDataModule(PromptDataModule):
     def sync(self, module: RolloutPolicy, max_staleness: int) -> float:
         """Give the engine `module`'s weights when they lag by more than `max_staleness`."""
         t0 = time.perf_counter()
-        if module.policy_version - self.engine.weight_version > max_staleness:
+        lag = module.policy_version - self.engine.weight_version
+        if lag > max_staleness or getattr(self.engine, "needs_sync", False):
             self.engine.sync_weights(module.policy, module.policy_version)
         return time.perf_counter() - t0
 
     def end_step(self) -> None:
-        """The step's last agent round is done: an engine with a sleep mode may sleep now."""
+        """The step's last agent round is done: an engine with a sleep mode may sleep now,
+        discarding its weights when the next generation reloads them anyway (no staleness)."""
         end = getattr(self.engine, "end_step", None)
         if callable(end):
-            end()
+            end(reload_follows=self.rollout.max_staleness == 0)
 
     def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         if self.budget_sampler is None:

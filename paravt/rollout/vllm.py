@@ -19,7 +19,10 @@ encoder caches (vision embeddings computed with the old weights must not be reus
 Sleep mode (GPU): the engine sleeps once per step, after the step's last agent round
 (`end_step`), never between rounds (the prefix cache carries a trajectory's rounds); the next
 sync wakes the weights, reloads them, then wakes the KV cache, the allocator's cache emptied
-before each wake. Under a multi-GPU launch see `paravt.rollout.vllm_launch`.
+before each wake. When a full reload follows (`end_step(reload_follows=True)`: no staleness
+allowed) it sleeps at level 2 and discards the weights instead of copying them to the host and
+back; it then generates nothing before the next `sync_weights` (`needs_sync`). Under a
+multi-GPU launch see `paravt.rollout.vllm_launch`.
 """
 
 from __future__ import annotations
@@ -175,6 +178,7 @@ class VLLMEngine:
         self._expansions: dict[tuple, tuple[int, ...]] = {}
         self._version = 0
         self._asleep: set[str] = set()  # sleep-mode parts released: "weights", "kv_cache"
+        self._discarded = False  # slept at level 2: no weights until the next sync_weights
         self.empty_cache = _empty_cuda_cache  # frees the allocator's cached blocks before waking
         self.last_sync_s = 0.0
 
@@ -218,6 +222,11 @@ class VLLMEngine:
     ) -> list[list[GenerationOutput]]:
         if not requests:
             return []
+        if self._discarded:
+            raise RuntimeError(
+                "the vLLM engine discarded its weights in its last sleep (level 2): call "
+                "sync_weights before generate"
+            )
         self._wake()
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
         sampling = [self._sampling(params, i) for i in range(len(requests))]
@@ -237,18 +246,27 @@ class VLLMEngine:
             kwargs={"weights_iterator": self._buckets(policy), "is_checkpoint_format": True},
         )
         self._wake(("kv_cache",))
+        self._discarded = False
         self._reset_caches()
         self._expansions.clear()
         self._version = version
         self.last_sync_s = time.perf_counter() - t0
 
-    def end_step(self) -> None:
+    @property
+    def needs_sync(self) -> bool:
+        """Whether the weights were discarded (level-2 sleep) and must be reloaded."""
+        return self._discarded
+
+    def end_step(self, reload_follows: bool = False) -> None:
         """After a step's last agent round: sleep (sleep mode on a GPU), releasing the KV cache
-        and offloading the weights for the update. Once per step, not per round, so the
-        prefix cache lives across a trajectory's rounds."""
+        and the weights for the update. Once per step, not per round, so the prefix cache
+        lives across a trajectory's rounds. `reload_follows`: the next wake reloads every
+        weight, so level 2 discards them; otherwise level 1 keeps a host copy (a
+        stale-allowed engine is not synced on every wake)."""
         if self.cfg.enable_sleep_mode and _on_gpu() and not self._asleep:
-            self.llm.sleep(level=1)  # level 1 keeps a host copy: a stale-allowed engine is not
-            self._asleep = {"weights", "kv_cache"}  # synced on every wake
+            self.llm.sleep(level=2 if reload_follows else 1)
+            self._asleep = {"weights", "kv_cache"}
+            self._discarded = reload_follows
 
     # ---- requests ---------------------------------------------------------------------------
     def _prompt(self, i: int, req: GenerationRequest) -> dict[str, Any]:

@@ -110,6 +110,47 @@ def _trainer_problems(cfg: DictConfig, world: int) -> list[Problem]:
     return out
 
 
+# ---- what the GPU libraries cannot do under this launch ------------------------------------
+def _library_problems(cfg: DictConfig, world: int) -> list[Problem]:
+    """QLoRA or bitsandbytes' 8-bit AdamW under FSDP2, and a tensor-parallel engine colocated
+    with a single-process trainer (the multi-rank case: `_engine_problems`)."""
+    out = []
+    lora = cfg.model.get("lora") or {}
+    if _sharded(cfg) and lora.get("load_in_4bit") and int(lora.get("rank", 0) or 0) > 0:
+        out.append(
+            Problem(
+                "model.lora.load_in_4bit=true (QLoRA) under FSDP: paravt shards fp32 master "
+                "weights, and transformers refuses to cast a bitsandbytes 4-bit model to fp32",
+                "model.lora.load_in_4bit=false (LoRA on a bf16 base, sharded by FSDP) or QLoRA "
+                "on one GPU (trainer.devices=1 without trainer=fsdp)",
+            )
+        )
+    if _sharded(cfg) and "8bit" in str(cfg.optimizer.get("_target_", "")):
+        out.append(
+            Problem(
+                f"optimizer={cfg.optimizer._target_} under FSDP: bitsandbytes' 8-bit optimisers "
+                "allocate their state like the DTensor parameters and hand the DTensors to "
+                "their CUDA kernels (illegal memory access under FSDP2)",
+                "optimizer=adamw (torch AdamW, whose state FSDP2 shards), or more ranks "
+                "(trainer.devices) to fit its moments",
+            )
+        )
+    engine = cfg.rollout.engine
+    tp = int(engine.get("tensor_parallel_size", 1) or 1)
+    if engine.get("name") == "vllm" and tp > 1 and world == 1:
+        out.append(
+            Problem(
+                f"rollout.engine.tensor_parallel_size={tp} with the engine colocated in the "
+                "trainer's process: vLLM runs tensor-parallel workers in processes of their own, "
+                "and the in-place weight reload (a generator of the trainer's tensors) cannot "
+                "be pickled to them",
+                "rollout.engine.tensor_parallel_size=1 (the engine holds the whole model in "
+                "bf16; shard the trainer with trainer=fsdp and more devices if it does not fit)",
+            )
+        )
+    return out
+
+
 def problems(cfg: DictConfig) -> list[Problem]:
     """Every reason `cfg` cannot run on W = devices x num_nodes ranks (empty: it can)."""
     if cfg.get("stage", "rl") == "sft":
@@ -118,7 +159,8 @@ def problems(cfg: DictConfig) -> list[Problem]:
     out = []
     if int(cfg.data.get("batch_size", 1)) < 1:
         out.append(Problem("data.batch_size must be >= 1", "data.batch_size=7"))
-    return out + _trainer_problems(cfg, world) + _engine_problems(cfg, world)
+    out += _trainer_problems(cfg, world) + _engine_problems(cfg, world)
+    return out + _library_problems(cfg, world)
 
 
 def notes(cfg: DictConfig) -> list[str]:
@@ -219,9 +261,11 @@ def memory_report(
     text = format_plan(size, x, numbers)
     if cfg.trainer.get("accelerator") != "gpu" or numbers["peak"] <= numbers["gpu"]:
         return text, []
+    # bitsandbytes' 8-bit AdamW is no fix under FSDP (`_library_problems`)
+    eight_bit = "" if _sharded(cfg) else "optimizer=adamw8bit, "
     fix = (
         "model.gradient_checkpointing=true, a lower algorithm.micro_batch_tokens or "
-        "rollout.agent.max_total_tokens, optimizer=adamw8bit, or more ranks (trainer.devices)"
+        f"rollout.agent.max_total_tokens, {eight_bit}or more ranks (trainer.devices)"
     )
     need = f"{numbers['peak'] / GIB:.1f} GiB per GPU"
     return text, [Problem(f"the memory plan needs {need}, more than a {gpu_gb:g} GB GPU", fix)]

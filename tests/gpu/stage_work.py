@@ -176,58 +176,36 @@ def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
 
-def grpo_micro_step(model, opt, ids, pixels, grid, device: str) -> float:
-    """One GRPO micro-step: chunked log-probs of every token through the lm_head, the PPO loss
-    over a random advantage, backward, the optimiser step. Returns seconds."""
-    from paravt.models.head_logprobs import head_logprobs, shift_head_output
-    from paravt.rl.losses import ppo_clip_loss
-
-    t0 = time.perf_counter()
-    suppress = [QWEN_IDS[k] for k in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")]
-    mm = (ids == QWEN_IDS["<|video_pad|>"]).long() * 2
-    with head_logprobs(model, ids, 0.7, suppress, 1024, True):
-        out = model(
-            input_ids=ids,
-            pixel_values_videos=pixels,
-            video_grid_thw=grid,
-            mm_token_type_ids=mm,
-            use_cache=False,
-        )
-    logp, _ = shift_head_output(out.logits)
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    mask[:, : ids.shape[1] // 2] = False  # the prompt half is not trained
-    old = logp.detach() + 0.01 * torch.randn_like(logp)
-    adv = torch.tensor([1.0], device=ids.device)
-    loss, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.28)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def _sizes(opts) -> tuple[list[int], int, int]:
     """(token lengths, frames, frame side) of the model stages."""
     if opts.tiny:
-        return [256, 512], 8, 32
-    return [4096, 8192, 16384], 64, 224
+        return [256], 8, 32
+    return [4096, 16384], 64, 224
 
 
-def plan_update_gib(tokens: int, tiny: bool) -> float:
-    """What `paravt check-recipe`'s memory plan (paravt.run.memory_plan) expects the update of
-    one `tokens`-token micro-batch to add on top of the resident weights and optimiser state,
-    at all decoder layers: activations with checkpointing, the chunked head's [chunk, V]
-    buffers, and the bf16 gradients of the trainable language model (the step stage trains in
-    bf16, vision frozen). The measured counterpart is the stage's peak minus what was
-    allocated before."""
+PLAN_MARGIN = 1.25  # the step stage passes when its peak is at most 1.25 x the plan's
+TRAINER_TERMS = (  # the memory plan's items of a trainer with no engine and no reference
+    "policy fp32 master (sharded)",
+    "gradients fp32 (sharded, trainable)",
+    "AdamW moments (sharded)",
+    "gathered bf16 layers (2 in flight)",
+    "update: activations, checkpointing",
+)
+
+
+def plan_update_gib(model, tokens: int, tiny: bool) -> float:
+    """What `paravt check-recipe`'s memory plan (paravt.run.memory_plan) gives for the update
+    phase of `model` (its layers, all of its parameters) on one rank, one `tokens`-token
+    micro-batch: fp32 master weights, fp32 gradients and AdamW moments of the language model
+    (vision frozen), the gathered bf16 layers and the checkpointed activations (no engine, no
+    reference: the stage builds neither)."""
     from paravt.run.memory_plan import GIB, ModelSize, PlanInputs, plan
 
     text = TINY_TEXT if tiny else QWEN3_VL_8B_TEXT
     size = ModelSize(
         name="step stage",
-        total_params=0,
-        layers=text["num_hidden_layers"],
+        total_params=sum(p.numel() for p in model.parameters()),
+        layers=model.config.text_config.num_hidden_layers,
         hidden=text["hidden_size"],
         intermediate=text["intermediate_size"],
         kv_heads=text["num_key_value_heads"],
@@ -237,76 +215,208 @@ def plan_update_gib(tokens: int, tiny: bool) -> float:
     inputs = PlanInputs(
         world=1,
         prompts_per_rank=1,
-        group_size=1,
+        group_size=2,
         max_total_tokens=tokens,
         micro_batch_tokens=tokens,
         kl=False,
         freeze_vision=True,
-        adam_bytes=4,
+        adam_bytes=8,
         engine="hf",
         vllm_share=0.0,
         sleep_mode=False,
         checkpointing=True,
         gpu_gb=141.0,
     )
-    acts = plan(size, inputs)["update: activations, checkpointing"]
-    return (acts + 2 * size.lm_params) / GIB
+    numbers = plan(size, inputs)
+    return sum(numbers[k] for k in TRAINER_TERMS) / GIB
+
+
+def processor_dir(out: Path) -> Path:
+    """A checkpoint folder with Qwen's real vocabulary and processor (tiny weights): what
+    GRPOModule loads its processor and token ids from; the stages swap in their own policy."""
+    from paravt.models.tiny import TinyModelConfig, build_tiny_model, tiny_config_matches
+
+    path, cfg = out / "qwen_vocab_model", TinyModelConfig(tokenizer="qwen")
+    return path if tiny_config_matches(path, cfg) else build_tiny_model(path, cfg)
+
+
+def _rollout_batch(ids, pixels, grid):
+    """One prompt, two rollouts of the clip's `ids`, the second half trained, with behaviour
+    log-probs near the policy's (random weights: about -log V)."""
+    from paravt.rollout.records import RolloutBatch
+    from paravt.types import Sample, Trajectory, Visual
+
+    tokens = tuple(ids[0].tolist())
+    half = len(tokens) // 2
+    mask = (0,) * half + (1,) * (len(tokens) - half)
+    logp = tuple(-12.0 * m for m in mask)
+    visual = Visual(pixels.cpu(), grid.cpu())
+    trajs = tuple(
+        Trajectory("s0", g, tokens, mask, logp, (visual,), prompt_length=half) for g in (0, 1)
+    )
+    sample = Sample(id="s0", video="none.mp4", question="q", answer="A")
+    return RolloutBatch(0, 0, (sample,), (4,), trajs, 2, 1.0, 0, durations=(60.0,))
+
+
+def _grpo_module(path: Path, model, tokens: int):
+    """The recipe's GRPOModule (torch AdamW at lr 2e-6, gradient checkpointing, the structural
+    anchor, no KL) around
+    `model`; its two rollouts get rewards 1 and 0, so both are trained with advantages +-1."""
+    from functools import partial
+
+    from paravt.models.loading import PolicySpec
+    from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+    from paravt.rewards.compose import RewardWeights
+
+    class Stage(GRPOModule):
+        def _rewards_with_kl(self, trajs, rewards, temperature):
+            return torch.tensor([float(i % 2 == 0) for i in range(len(trajs))])
+
+    # experiment=paragrpo's anchor (its tags: single tokens of Qwen's real vocabulary)
+    tags = ("</think>", "</tool_call>", "<tool_call>")
+    algo = AlgorithmConfig(
+        micro_batch_tokens=tokens, norm_length=tokens, anchor_coef=0.1, anchor_tags=tags
+    )
+    opt = partial(torch.optim.AdamW, lr=2e-6, weight_decay=0.01)
+    module = Stage(PolicySpec(path=str(path)), algo, RewardWeights(), opt)
+    model.model.visual.requires_grad_(False)  # model.freeze_vision
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module.policy = model.train()
+    return module
+
+
+def _fit_one_step(module, batch, device: str, out: Path) -> dict[str, float]:
+    """One Lightning step of `module` on `batch` as `trainer=fsdp` runs it, on one rank: FSDP2
+    (fp32 master weights, bf16 compute on CUDA), precision 32-true; the logged metrics."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class One(pl.LightningDataModule):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([batch], batch_size=None, collate_fn=lambda b: b)
+
+        def transfer_batch_to_device(self, b, device, dataloader_idx):
+            return b
+
+    logged: dict[str, float] = {}
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, b, batch_idx):
+            logged.update({k: float(v) for k, v in trainer.logged_metrics.items()})
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    trainer = pl.Trainer(
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
+        strategy=ModelParallelStrategy(1, 1, process_group_backend=backend),
+        precision="32-true",
+        max_steps=1,
+        logger=False,
+        callbacks=[Record()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(module, datamodule=One())
+    return logged
 
 
 def step(opts) -> dict:
-    """One GRPO micro-step of the real 8B config at 2 and 4 decoder layers, per token length:
-    peak memory and s/token, and both extrapolated linearly in the layers to all 36; beside the
-    measured update memory (peak minus what was allocated before the step), the memory plan's
-    estimate of it (`plan_update_gib`), so a GPU run confirms or corrects the plan."""
+    """The recipe's GRPOModule on the real 8B config at 2 and 4 decoder layers (random weights,
+    64-frame clip): one training step per token length under FSDP2 on one rank (fp32 master
+    weights, bf16 compute, torch AdamW). Checks a finite loss and a finite, non-zero gradient
+    norm, and (CUDA) that the peak memory is at most PLAN_MARGIN x the memory plan's update
+    phase for the same model; s/token and memory extrapolated linearly to all 36 layers."""
+    import math
+
     lengths, frames, side = _sizes(opts)
+    out = Path(opts.out)
+    path = processor_dir(out)
     rows: dict[int, dict[int, dict]] = {}
+    checks = []
     for layers in (2, 4):
-        model = build_model(layers, opts.device, opts.tiny)
-        model.model.visual.requires_grad_(
-            False
-        )  # model.freeze_vision, as conf/model/qwen3_vl_8b.yaml
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-6)
-        warm = clip_inputs(frames, side, lengths[0], opts.device, opts.tiny)
-        grpo_micro_step(model, opt, *warm[:3], opts.device)
         rows[layers] = {}
         for tokens in lengths:
-            ids, pixels, grid, n_video = clip_inputs(frames, side, tokens, opts.device, opts.tiny)
-            _peak_reset(opts.device)
-            before = _allocated_gib(opts.device)
-            seconds = grpo_micro_step(model, opt, ids, pixels, grid, opts.device)
-            peak = _peak_gib(opts.device)
+            model = build_model(layers, opts.device, opts.tiny).float()  # fp32 master weights
+            module = _grpo_module(path, model, tokens)
+            _peak_reset(opts.device)  # from the resident fp32 weights on (the bf16 build freed)
+            batch = _rollout_batch(*clip_inputs(frames, side, tokens, "cpu", opts.tiny)[:3])
+            t0 = time.perf_counter()
+            logged = _fit_one_step(module, batch, opts.device, out / "lightning")
+            seconds = time.perf_counter() - t0
+            peak, planned = _peak_gib(opts.device), plan_update_gib(model, tokens, opts.tiny)
+            loss = logged.get("loss/loss", math.nan)
+            norm = logged.get("grad_norm", math.nan)
+            ok = math.isfinite(loss) and math.isfinite(norm) and norm > 0
+            ok = ok and (peak is None or peak <= PLAN_MARGIN * planned)
+            checks.append(ok)
             rows[layers][tokens] = {
-                "peak_gib": peak,
-                "update_gib": None if peak is None else peak - before,
                 "s": seconds,
-                "video_tokens": n_video,
+                "peak_gib": peak,
+                "plan_gib": planned,
+                "loss": loss,
+                "grad_norm": norm,
+                "ok": ok,
             }
-        del model, opt
-        _peak_reset(opts.device)
+            del model, module
+            _peak_reset(opts.device)
     total = QWEN3_VL_8B_TEXT["num_hidden_layers"]
-    out = []
+    table = []
     for tokens in lengths:
         two, four = rows[2][tokens], rows[4][tokens]
         row = {
             "tokens": tokens,
             "frames": frames,
-            "video_tokens": four["video_tokens"],
-            "s_per_token_4l": four["s"] / tokens,
+            "layers": {str(k): rows[k][tokens] for k in (2, 4)},
             "s_per_token_36l_est": (four["s"] + (total - 4) / 2 * (four["s"] - two["s"])) / tokens,
-            "plan_update_gib_36l": plan_update_gib(tokens, opts.tiny),
         }
         if four["peak_gib"] is not None:
             slope = (four["peak_gib"] - two["peak_gib"]) / 2
-            update_slope = (four["update_gib"] - two["update_gib"]) / 2
-            row |= {
-                "peak_gib_4l": four["peak_gib"],
-                "peak_gib_36l_est": four["peak_gib"] + (total - 4) * slope,
-                "update_gib_36l_est": four["update_gib"] + (total - 4) * update_slope,
-            }
-        out.append(row)
-    return {"ok": True, "rows": out}
+            row["peak_gib_36l_est"] = four["peak_gib"] + (total - 4) * slope
+        table.append(row)
+    return {"ok": all(checks), "margin": PLAN_MARGIN, "rows": table}
+
+
+def rollout_copy(opts) -> dict:
+    """The transformers engine's own copy of the 4-layer policy held in fp32 master weights (the
+    engine where vLLM is absent, `rollout/engine=hf` with `max_staleness >= 1` or FSDP): its
+    device, dtype and bytes, and 8 requests generated with it. ok: on the policy's device, in
+    bf16 on CUDA (the memory plan's engine copy), and every log-prob finite and <= 0."""
+    from paravt.rollout.engine import EngineConfig, GenerationRequest, SamplingParams
+    from paravt.rollout.factory import build_engine
+    from paravt.types import Visual
+
+    lengths, frames, side = _sizes(opts)
+    model = build_model(4, opts.device, opts.tiny).float().eval()  # fp32 master weights
+    processor = _processor(Path(opts.out))
+    before = _allocated_gib(opts.device)
+    eng = build_engine(EngineConfig(name="hf"), model, processor, share_weights=False)
+    copy = getattr(eng, "model", None)
+    params = list(copy.parameters()) if copy is not None else []
+    dtype = str(params[0].dtype).removeprefix("torch.") if params else None
+    copy_gib = sum(p.numel() * p.element_size() for p in params) / 2**30
+    ids, pixels, grid, _ = clip_inputs(frames, side, lengths[0] // 2, opts.device, opts.tiny)
+    request = GenerationRequest(tuple(ids[0].tolist()), (Visual(pixels.cpu(), grid.cpu()),))
+    outs = eng.generate([request] * 8, SamplingParams(max_new_tokens=8, seed=0))
+    finite = all(lp <= 0 for group in outs for o in group for lp in o.logprobs)
+    want = "bfloat16" if opts.device == "cuda" else "float32"
+    on_device = bool(params) and params[0].device.type == opts.device
+    return {
+        "ok": finite and on_device and dtype == want,
+        "dtype": dtype,
+        "device": str(params[0].device) if params else None,
+        "copy_gib": copy_gib,
+        "allocated_gib_delta": _allocated_gib(opts.device) - before,
+        "policy_gib": sum(p.numel() * 4 for p in model.parameters()) / 2**30,
+    }
+
+
+def _processor(out: Path):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(processor_dir(out))
 
 
 def engine(opts) -> dict:

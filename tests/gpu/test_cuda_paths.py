@@ -62,7 +62,16 @@ def test_two_step_training_on_cuda(tmp_path, tiny_qwen3_dir, needle_dir):
     conf = Path(__file__).resolve().parents[2] / "conf"
     with initialize_config_dir(str(conf), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
+    import lightning.pytorch as pl
+
+    devices = []
+
+    class Device(pl.Callback):  # where the policy trains (teardown moves it to the CPU after)
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            devices.append(next(pl_module.policy.parameters()).device.type)
+
     run = build_run(cfg)
+    run.trainer.callbacks.append(Device())
     run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == 2
-    assert next(run.module.policy.parameters()).is_cuda
+    assert devices == ["cuda", "cuda"]

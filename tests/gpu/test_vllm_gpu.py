@@ -36,7 +36,9 @@ def test_sleep_mode_engine_syncs_and_matches_the_trainer(tool_caller, needle_sam
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
     params = SamplingParams(temperature=0.7, seed=0)
     loop.run(needle_samples[:2], [4, 4], 2, params)
-    engine.end_step()  # sleeps once, after the step's last round (as the DataModule calls it)
+    # sleeps once, after the step's last round, discarding the weights (level 2), as the
+    # DataModule calls it when the next step reloads them (rollout.max_staleness=0)
+    engine.end_step(reload_follows=True)
     policy = copy.deepcopy(model).cuda()
     with torch.no_grad():
         for p in policy.parameters():

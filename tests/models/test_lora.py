@@ -24,6 +24,7 @@ from paravt.models.lora import (
     lora_layers,
     lora_spec,
     merged_state_dict,
+    quantization_kwargs,
 )
 from paravt.rollout import SamplingParams, build_engine
 from paravt.run.build import build_run
@@ -159,6 +160,97 @@ def test_qlora_is_refused_without_a_cuda_gpu(tiny_qwen3_dir):
     spec = PolicySpec(path=str(tiny_qwen3_dir), lora={"rank": 4, "load_in_4bit": True})
     with pytest.raises(UserError, match=r"load_in_4bit=true \(QLoRA\) needs a CUDA GPU"):
         load_policy(spec)
+
+
+def test_the_export_gathers_bucket_by_bucket_and_only_rank_0_keeps_them(
+    tiny_qwen3_dir, monkeypatch
+):
+    import weakref
+
+    from paravt.models import lora
+
+    model, _ = _policy(tiny_qwen3_dir)
+    _perturb(model)
+    want = merged_state_dict(model)
+    got = lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=True)  # rank 0
+    assert list(got) == list(want)
+    assert all(t.device.type == "cpu" and torch.equal(t, want[k]) for k, t in got.items())
+    merged = {f"{n}.weight" for n in lora_layers(model)}  # new tensors, not parameters
+    real, alive, buckets = lora.iter_merged_state_dict, [], []
+
+    def watched(*args, **kwargs):
+        for bucket in real(*args, **kwargs):
+            # every earlier bucket's merged tensors are freed before this one is gathered
+            assert all(ref() is None for ref in alive)
+            alive.extend(weakref.ref(t) for n, t in bucket if n in merged)
+            buckets.append(len(bucket))
+            yield bucket
+            del bucket
+
+    monkeypatch.setattr(lora, "iter_merged_state_dict", watched)
+    assert lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=False) == {}
+    assert len(buckets) > 3 and len(alive) == len(merged)
+
+
+QLORA = {"rank": 4, "alpha": 8.0, "load_in_4bit": True}
+
+
+def test_qlora_keeps_the_vision_tower_and_what_transformers_keeps_in_full_precision(
+    tiny_qwen3_dir,
+):
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    kwargs = quantization_kwargs(lora_spec(QLORA), torch.float32)
+    skip = kwargs["quantization_config"].llm_int8_skip_modules
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(tiny_qwen3_dir))
+    linear = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    kept = {n for n in linear if not should_convert_module(n, skip)}  # transformers' matching
+    assert set(get_keys_to_not_convert(model)) <= kept  # its default list (lm_head) is kept
+    assert kept == {n for n in linear if n.startswith("model.visual.") or n == "lm_head"}
+    assert any(n.startswith("model.language_model.") for n in set(linear) - kept)
+
+
+def test_qlora_under_fsdp_is_refused_before_any_weight_is_read(tiny_qwen3_dir):
+    spec = PolicySpec(path=str(tiny_qwen3_dir), lora=QLORA)
+    with pytest.raises(UserError, match=r"cannot run under FSDP.*load_in_4bit=false"):
+        load_policy(spec, on_meta=True)  # what an FSDP trainer builds
+
+
+def test_a_qlora_merge_is_dequantised_under_the_base_models_names(tiny_qwen3_dir):
+    bnb = pytest.importorskip("bitsandbytes")  # 4-bit kernels on CPU too (bitsandbytes >= 0.48)
+    from transformers import AutoModelForImageTextToText
+
+    from paravt.models.head_logprobs import head_logprobs
+    from paravt.models.lora import apply_lora
+
+    plain = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir, dtype=torch.float32)
+    kwargs = quantization_kwargs(lora_spec(QLORA), torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(
+        tiny_qwen3_dir, dtype=torch.float32, **kwargs
+    )
+    model = apply_lora(model, lora_spec(QLORA))
+    _perturb(model)
+    merged = merged_state_dict(model)
+    assert list(merged) == list(plain.state_dict())  # no `.absmax` / `.quant_map` keys
+    for name, layer in lora_layers(model).items():
+        packed = layer.get_base_layer().weight
+        assert isinstance(packed, bnb.nn.Params4bit)
+        base = bnb.functional.dequantize_4bit(packed.data, packed.quant_state)
+        delta = layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+        want = base + delta * layer.scaling["default"]
+        torch.testing.assert_close(merged[f"{name}.weight"], want, atol=1e-6, rtol=0)
+        assert merged[f"{name}.weight"].shape == plain.state_dict()[f"{name}.weight"].shape
+    for key in ("lm_head.weight", "model.visual.blocks.0.attn.qkv.weight"):
+        assert torch.equal(merged[key], plain.state_dict()[key])  # kept in full precision
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad(), head_logprobs(model, ids, 1.0, [], 64, False):  # the fused path
+        out = model(input_ids=ids).logits
+    assert out.shape == (1, 4, 3) and torch.isfinite(out[0, :-1, 0]).all()
+    with pytest.raises(NotImplementedError, match="4-bit"):  # no delta added to packed bytes
+        fold_adapters(model)
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,27 @@ def test_packed_forward_equals_the_dense_mask_with_video_and_gradients(setup):
 
 
 @torch.no_grad()
+def test_segments_are_read_once_per_forward_not_per_layer(setup, monkeypatch):
+    from paravt.models import varlen_attention as va
+
+    model, _, ids, trajs = setup
+    rope = model_rope_index(model)
+    reads = []
+    real = va.segment_lengths
+    monkeypatch.setattr(va, "segment_lengths", lambda p: reads.append(1) or real(p))
+    with varlen_attention(model):
+        got = packed_trajectory_logprobs(model, trajs, ids, rope)[0]
+        rows = len(reads)
+        again = packed_trajectory_logprobs(model, trajs, ids, rope)[0]  # new positions
+    assert len(model.get_decoder().layers) > 1 and rows == 1  # one packed row, all layers
+    assert len(reads) == 2 * rows
+    want = packed_trajectory_logprobs(model, trajs, ids, rope)[0]  # the dense-mask sdpa
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-5, rtol=0)
+    assert torch.equal(got, again)
+
+
+@torch.no_grad()
 def test_no_leak_across_trajectories(setup):
     """Changing one trajectory's tokens changes its own log-probs and no other's."""
     model, processor, ids, trajs = setup

@@ -76,6 +76,29 @@ def test_sleep_once_per_step_then_wake_weights_sync_then_kv_cache(engine):
     assert llm.loaded == len(policy.state_dict()) and eng.weight_version == 1
 
 
+@pytest.mark.parametrize(("staleness", "level"), [(0, 2), (1, 1)])
+def test_the_step_sleep_discards_the_weights_when_a_full_reload_follows(
+    engine, needle_dir, staleness, level
+):
+    from types import SimpleNamespace
+
+    from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
+    from paravt.rollout.engine import GenerationRequest
+
+    eng, llm, policy = engine
+    rollout = RolloutConfig(max_staleness=staleness)
+    dm = RolloutDataModule(str(needle_dir / "train.jsonl"), batch_size=1, rollout=rollout)
+    dm.engine = eng
+    dm.end_step()  # level 2 (no host copy) only when the next generation reloads every weight
+    assert llm.calls == [("sleep", level)] and eng.needs_sync == (level == 2)
+    if level == 2:
+        with pytest.raises(RuntimeError, match="call sync_weights before generate"):
+            eng.generate([GenerationRequest((1, 2, 3), ())], vllm_engine.SamplingParams())
+    dm.sync(SimpleNamespace(policy=policy, policy_version=0), staleness)  # versions agree
+    reloaded = ("reload_weights",) in llm.calls
+    assert reloaded == (level == 2) and not eng.needs_sync  # a discarded engine is reloaded
+
+
 def test_generate_between_rounds_never_sleeps(engine):
     eng, llm, _ = engine
     assert eng.generate([], vllm_engine.SamplingParams()) == []
