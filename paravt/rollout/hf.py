@@ -96,6 +96,7 @@ class TransformersEngine:
         # LoRA: base + adapters merged, under the base model's names (gathered when sharded).
         from paravt.models.lora import is_lora, iter_merged_state_dict
 
+        self._check_materialised("receive weights")
         if policy is not self.model and (is_lora(policy) or is_sharded(policy)):
             device = next(self.model.parameters()).device
             gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
@@ -110,6 +111,7 @@ class TransformersEngine:
     ) -> list[list[GenerationOutput]]:
         if not requests:
             return []
+        self._check_materialised("generate")
         expanded = [r for r in requests for _ in range(params.n)]
         device = next(self.model.parameters()).device
         ids, mask = left_pad([r.token_ids for r in expanded], self.pad_id)
@@ -146,6 +148,17 @@ class TransformersEngine:
             **generate_sync_kwargs(self.model),  # sharded: step until every rank is done
             **visual,
         )
+
+    def _check_materialised(self, action: str) -> None:
+        """A clear error, not a silent no-op copy or a meta-tensor crash deep in `generate`."""
+        from paravt.rollout.factory import on_meta
+
+        if on_meta(self.model):
+            raise RuntimeError(
+                f"TransformersEngine cannot {action}: its model is a meta-device skeleton with no "
+                "weights (built before FSDP2's configure_model filled the policy); the engine must "
+                "be rebuilt on the materialised policy (RolloutDataModule.connect does this)"
+            )
 
     def _finish(self, tokens: torch.Tensor, logp: torch.Tensor) -> GenerationOutput:
         toks = tokens.tolist()
