@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,18 @@ def test_the_console_script_dispatches_check_recipe(capsys):
 
     assert paravt(["check-recipe", "experiment=paragrpo", "model.path=/m/Qwen3-VL-8B"]) == 0
     assert "recipe OK" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(find_spec("vllm") is not None, reason="vLLM is installed in this Python")
+def test_without_vllm_the_recipe_is_planned_but_train_py_refuses_naming_the_install(
+    train_py, tmp_path, capsys
+):
+    args = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main(args) == 0  # planned from any machine: vLLM is needed to run it, not to plan it
+    out = capsys.readouterr().out
+    assert "engine vllm" in out and "recipe OK" in out
+    assert "note: to run it here: rollout/engine=vllm" in out and "pip install -e '.[vllm]'" in out
+    result = train_py(f"hydra.run.dir={tmp_path / 'run'}", *args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "needs vLLM" in ln]
+    assert len(lines) == 1 and "pip install -e '.[vllm]'" in lines[0], result.stderr

@@ -121,6 +121,25 @@ def problems(cfg: DictConfig) -> list[Problem]:
     return out + _trainer_problems(cfg, world) + _engine_problems(cfg, world)
 
 
+def missing_installs(cfg: DictConfig) -> list[Problem]:
+    """What the config needs that this Python lacks: `train.py` refuses to start on it;
+    `check-recipe` only notes it (it plans a GPU run, often from another machine)."""
+    from importlib.util import find_spec
+
+    if cfg.get("stage", "rl") == "sft" or cfg.rollout.engine.get("name") != "vllm":
+        return []
+    if find_spec("vllm") is not None:
+        return []
+    return [
+        Problem(
+            "rollout/engine=vllm (experiment=paragrpo's engine) needs vLLM, not installed in "
+            "this Python",
+            "pip install -e '.[vllm]' on the GPU machine (on a CPU: make venv-vllm and run "
+            ".venv-vllm/bin/python), or rollout/engine=hf",
+        )
+    ]
+
+
 def notes(cfg: DictConfig) -> list[str]:
     """What runs, but differently than one might assume."""
     world, b = world_size(cfg), int(cfg.data.get("batch_size", 1))
@@ -233,6 +252,7 @@ def check(overrides: list[str], gpu_gb: float, require_files: bool) -> tuple[str
     found = problems(cfg)
     lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
     lines += [f"note: {n}" for n in notes(cfg)]
+    lines += [f"note: to run it here: {p}" for p in missing_installs(cfg)]
     for key, path in files_to_open(cfg):
         ok = Path(path).exists()
         lines.append(f"file {key}: {path} ({'found' if ok else 'missing'})")
