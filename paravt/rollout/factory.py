@@ -116,6 +116,12 @@ Builder = Callable[..., RolloutEngine]
 ENGINES: dict[str, Builder] = {"hf": _hf, "vllm": _vllm}
 
 
+def loads_from_path(name: str, model_path: str | None) -> bool:
+    """Whether engine `name` reads its weights from `model_path` itself (vLLM does): the
+    caller's model then needs no weights, only its config (a meta-device skeleton will do)."""
+    return name == "vllm" and model_path is not None
+
+
 def check_engine_name(name: str) -> None:
     """A clear error for an engine name the factory does not know."""
     if name not in ENGINES:
