@@ -215,7 +215,20 @@ def plan_inputs(cfg: DictConfig, gpu_gb: float):
         sleep_mode=bool(engine.get("enable_sleep_mode", False)),
         checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
         gpu_gb=gpu_gb,
+        engine_dtype=plan_engine_dtype(cfg),
     )
+
+
+def plan_engine_dtype(cfg: DictConfig) -> str:
+    """`rollout.engine.dtype`, "auto" read as the model's load dtype (`model.dtype`), as
+    `paravt.rollout.factory.engine_dtype` does."""
+    from paravt.run.memory_plan import DTYPES
+
+    name = str(cfg.rollout.engine.get("dtype", "auto"))
+    name = str(cfg.model.get("dtype", "float32")) if name == "auto" else name
+    if name not in DTYPES:
+        raise ValueError(f"rollout.engine.dtype={name!r}: choose one of {sorted(DTYPES)} or auto")
+    return name
 
 
 def memory_report(
