@@ -7,7 +7,9 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
 - `hf`: `TransformersEngine` on the policy module itself (shared weights) or on a copy of it
   (`share_weights=False`, for `rollout.max_staleness > 0`). A policy sharded by FSDP2 always gets
   an unsharded copy per rank, filled from the shards bucket by bucket: each rank then generates
-  its own prompts with no collectives, however many turns its rollouts take.
+  its own prompts with no collectives, however many turns its rollouts take. A copy is built at
+  `rollout.engine.dtype` (`engine_dtype`; auto: the model's load dtype, not FSDP2's fp32 master
+  weights), and never from a meta-device skeleton (it would hold no weights).
 - `vllm`: `VLLMEngine`, an in-process `vllm.LLM` loaded from `model_path` (or from a temporary
   export of the given model when there is no path), kept current by `sync_weights`.
 """
