@@ -2,7 +2,8 @@
 
 Thin on purpose: Hydra composes conf/eval.yaml (the model, the benchmark, training's agent/crop
 settings from conf/rollout and a dispatch-mode preset from conf/mode), this file checks the paths,
-loads the policy, builds the engine (`paravt.rollout.build_engine`, chosen as in training with
+loads the policy (for vLLM, which reads `model.path` itself, only its config and processor),
+builds the engine (`paravt.rollout.build_engine`, chosen as in training with
 `rollout/engine=hf|vllm`) and the agent loop for the benchmark's forced-answer message, and hands
 over to `paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, results.md under
 `out_dir`, resuming a killed run of the same model, annotations, engine and protocol). Bad input
@@ -49,6 +50,20 @@ def pick_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+def load_model(cfg: DictConfig, spec):
+    """(model, processor) for the configured engine: the weights on `cfg.device` for the
+    transformers engine; for vLLM, which loads `model.path` itself, a meta-device skeleton (config
+    and processor only), so no second copy takes the GPU memory vLLM's start-up wants."""
+    from paravt.models.loading import load_policy
+    from paravt.rollout.factory import loads_from_path
+
+    skeleton = loads_from_path(cfg.rollout.engine.name, cfg.model.path)
+    model, processor = load_policy(spec, on_meta=skeleton)
+    if not skeleton:
+        model.eval().to(pick_device(cfg.device))
+    return model, processor
 
 
 def policy_spec(cfg: DictConfig):
@@ -154,7 +169,6 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     import torch
 
     from paravt.agent.render import ChatRenderer
-    from paravt.models.loading import load_policy
     from paravt.rollout.factory import build_engine
     from paravt.video.reader import VideoReader
 
@@ -171,8 +185,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     os.makedirs(out_dir, exist_ok=True)
     check_run_identity(out_dir, {**default_identity(benchmark, protocol), **identity})
     judge = build_judge(cfg)
-    model, processor = load_policy(policy)
-    model.eval().to(pick_device(cfg.device))
+    model, processor = load_model(cfg, policy)
     engine = build_engine(
         instantiate(cfg.rollout.engine), model, processor, model_path=cfg.model.path
     )

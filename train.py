@@ -36,10 +36,10 @@ def check_inputs(cfg: DictConfig) -> None:
     (`paravt check-recipe`'s checks), or a missing model or data path, before anything is built,
     generated or logged."""
     from paravt.errors import UserError
-    from paravt.run.recipe import problems
+    from paravt.run.recipe import missing_installs, problems
 
     check_config(cfg)
-    found = problems(cfg)
+    found = problems(cfg) + missing_installs(cfg)
     if found:
         raise UserError("; ".join(str(p) for p in found))
     model, data = cfg.get("model") or {}, cfg.get("data") or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,38 @@ def test_the_console_script_dispatches_check_recipe(capsys):
 
     assert paravt(["check-recipe", "experiment=paragrpo", "model.path=/m/Qwen3-VL-8B"]) == 0
     assert "recipe OK" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(find_spec("vllm") is not None, reason="vLLM is installed in this Python")
+def test_without_vllm_the_recipe_is_planned_but_train_py_refuses_naming_the_install(
+    train_py, tmp_path, capsys
+):
+    args = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main(args) == 0  # planned from any machine: vLLM is needed to run it, not to plan it
+    out = capsys.readouterr().out
+    assert "engine vllm" in out and "recipe OK" in out
+    assert "note: to run it here: rollout/engine=vllm" in out and "pip install -e '.[vllm]'" in out
+    result = train_py(f"hydra.run.dir={tmp_path / 'run'}", *args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "needs vLLM" in ln]
+    assert len(lines) == 1 and "pip install -e '.[vllm]'" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(("dtype", "label"), [("bfloat16", "bf16"), ("float32", "fp32")])
+def test_the_plans_engine_copy_is_the_measured_copy_of_the_tiny_model(dtype, label, tiny_qwen3_dir):
+    """The transformers engine's copy under FSDP2 (fp32 master weights, `model.dtype` load):
+    its parameter bytes, measured, are the plan's figure to the byte (vision tower included)."""
+    from paravt.models.loading import PolicySpec, load_policy
+    from paravt.parallel.fsdp import fp32_master
+    from paravt.rollout.engine import EngineConfig
+    from paravt.rollout.factory import engine_copy
+    from paravt.run.memory_plan import plan
+    from paravt.run.recipe import compose, plan_inputs
+
+    path = f"model.path={tiny_qwen3_dir}"
+    cfg = compose(["experiment=paragrpo", "rollout/engine=hf", path, f"model.dtype={dtype}"])
+    figure = plan(from_config_json(Path(tiny_qwen3_dir)), plan_inputs(cfg, 80.0))
+    master = fp32_master(load_policy(PolicySpec(path=str(tiny_qwen3_dir), dtype=dtype))[0])
+    copy = engine_copy(master, EngineConfig())  # rollout.engine.dtype: auto
+    measured = sum(p.numel() * p.element_size() for p in copy.parameters())
+    assert figure[f"engine weights {label} (own full copy)"] == measured

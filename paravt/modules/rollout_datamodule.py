@@ -30,7 +30,7 @@ from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
 from paravt.parallel.distributed import is_sharded
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
-from paravt.rollout.factory import build_engine, check_engine_name
+from paravt.rollout.factory import build_engine, check_engine_name, on_meta
 from paravt.rollout.records import RolloutBatch
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
@@ -103,9 +103,11 @@ class RolloutDataModule(PromptDataModule):
     def connect(self, module: RolloutPolicy) -> AgentLoop:
         """Build the engine and the agent loop on `module`'s policy (once).
 
-        Lightning runs `setup` before `configure_model`, so under FSDP2 the policy is sharded
-        after the first connect: a transformers engine sharing it is then replaced by the
-        rank's own unsharded copy (`build_engine` makes one for a sharded policy)."""
+        Lightning runs `setup` before `configure_model`, so under FSDP2 the policy is a
+        meta-device skeleton at the first connect and sharded (and filled) after it: the engine
+        then shares the skeleton, whatever `rollout.max_staleness` asks (a copy would copy no
+        weights), and is replaced by the rank's own unsharded copy once the policy is sharded
+        (`build_engine` makes one for a sharded policy)."""
         if self.agent is not None:
             if self.engine_shares(module) and is_sharded(module.policy):
                 self.engine = self._build_engine(module)
@@ -129,7 +131,7 @@ class RolloutDataModule(PromptDataModule):
             module.policy,
             module.processor,
             model_path=module.model_path,
-            share_weights=self.rollout.max_staleness == 0,
+            share_weights=self.rollout.max_staleness == 0 or on_meta(module.policy),
         )
 
     def engine_shares(self, module: RolloutPolicy) -> bool:

@@ -99,7 +99,8 @@ class EngineConfig:
     """
 
     name: str = "hf"
-    dtype: str = "float32"
+    # "auto": the dtype the model was loaded at (`model.dtype`; not FSDP2's fp32 master weights)
+    dtype: str = "auto"
     max_model_len: int = 8192
     max_num_seqs: int = 16
     enable_prefix_caching: bool = True

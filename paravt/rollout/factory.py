@@ -7,7 +7,9 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
 - `hf`: `TransformersEngine` on the policy module itself (shared weights) or on a copy of it
   (`share_weights=False`, for `rollout.max_staleness > 0`). A policy sharded by FSDP2 always gets
   an unsharded copy per rank, filled from the shards bucket by bucket: each rank then generates
-  its own prompts with no collectives, however many turns its rollouts take.
+  its own prompts with no collectives, however many turns its rollouts take. A copy is built at
+  `rollout.engine.dtype` (`engine_dtype`; auto: the model's load dtype, not FSDP2's fp32 master
+  weights), and never from a meta-device skeleton (it would hold no weights).
 - `vllm`: `VLLMEngine`, an in-process `vllm.LLM` loaded from `model_path` (or from a temporary
   export of the given model when there is no path), kept current by `sync_weights`.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import replace
 
 from paravt.rollout.engine import EngineConfig, RolloutEngine
 
@@ -28,24 +31,62 @@ def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rollo
     return TransformersEngine(own, processor.tokenizer, sync_bucket_bytes=cfg.sync_bucket_mb << 20)
 
 
+def engine_dtype(cfg: EngineConfig, model):
+    """The dtype the engine generates in: `cfg.dtype`, or for "auto" the dtype the model was
+    loaded at (`model.config.dtype`, i.e. `model.dtype` of the config). FSDP2 keeps the policy's
+    master weights in fp32 (`paravt.parallel.fsdp.fp32_master`) but leaves its config alone, so
+    a bf16 checkpoint still gets a bf16 engine, as FSDP2's bf16 compute does."""
+    import torch
+
+    if cfg.dtype != "auto":
+        return getattr(torch, cfg.dtype)
+    configured = getattr(getattr(model, "config", None), "dtype", None)
+    if isinstance(configured, str):
+        configured = getattr(torch, configured)
+    return configured if isinstance(configured, torch.dtype) else _first_param(model).dtype
+
+
+def _first_param(model):
+    from paravt.parallel.distributed import is_sharded
+
+    first = next(model.parameters())
+    return first.to_local() if is_sharded(model) else first
+
+
 def engine_copy(model, cfg: EngineConfig):
-    """An unsharded, frozen copy of `model` with its current weights (a deep copy, or, for an
-    FSDP2-sharded model, a fresh module of the same config filled from the gathered shards)."""
+    """An unsharded, frozen copy of `model` with its current weights at the engine's dtype
+    (`engine_dtype`): a deep copy when nothing changes, otherwise a fresh module of the same
+    config (rotary tables as transformers builds them) filled bucket by bucket from the full
+    weights, gathered from the shards of an FSDP2 model and merged for a LoRA one."""
     import torch
 
     from paravt.models.lora import is_lora, iter_merged_state_dict
     from paravt.parallel.distributed import is_sharded, iter_full_state_dict, load_buckets
 
-    if not is_sharded(model) and not is_lora(model):
+    if on_meta(model):
+        raise RuntimeError(
+            "the rollout engine's copy of the policy was requested while the policy is still a "
+            "meta-device skeleton (FSDP2 fills it in configure_model): it would hold no weights; "
+            "build the engine after the model is materialised"
+        )
+    dtype, first = engine_dtype(cfg, model), _first_param(model)
+    if not is_sharded(model) and not is_lora(model) and first.dtype == dtype:
         return copy.deepcopy(model)
-    # LoRA: the merged weights in a plain model of the base class (gathered when sharded)
-    first = next(model.parameters())
-    device = first.to_local().device if is_sharded(model) else first.device
-    with torch.device(device):
-        clone = type(model)._from_config(model.config, dtype=first.dtype)
+    # LoRA: the adapters are injected in place, so the class is the base model's.
+    with torch.device(first.device):
+        clone = type(model)._from_config(model.config, dtype=dtype)
     gather = iter_merged_state_dict if is_lora(model) else iter_full_state_dict
-    load_buckets(clone, gather(model, cfg.sync_bucket_mb << 20, device))
+    load_buckets(clone, gather(model, cfg.sync_bucket_mb << 20, first.device))
     return clone.requires_grad_(False).eval()
+
+
+def on_meta(model) -> bool:
+    """Whether any parameter of `model` (or its local shard) is on the meta device: a skeleton
+    that holds no weights yet."""
+    from paravt.parallel.distributed import is_sharded
+
+    sharded = is_sharded(model)
+    return any((p.to_local() if sharded else p).is_meta for p in model.parameters())
 
 
 def check_context(max_model_len: int, model_config) -> None:
@@ -68,11 +109,19 @@ def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rol
     from paravt.rollout.vllm import VLLMEngine
 
     check_context(cfg.max_model_len, getattr(model, "config", None))
+    if cfg.dtype == "auto":  # vLLM's own "auto" would serve an fp32 checkpoint in 16 bits
+        cfg = replace(cfg, dtype=str(engine_dtype(cfg, model)).removeprefix("torch."))
     return VLLMEngine.from_model(cfg, model, processor, model_path)
 
 
 Builder = Callable[..., RolloutEngine]
 ENGINES: dict[str, Builder] = {"hf": _hf, "vllm": _vllm}
+
+
+def loads_from_path(name: str, model_path: str | None) -> bool:
+    """Whether engine `name` reads its weights from `model_path` itself (vLLM does): the
+    caller's model then needs no weights, only its config (a meta-device skeleton will do)."""
+    return name == "vllm" and model_path is not None
 
 
 def check_engine_name(name: str) -> None:

@@ -5,16 +5,19 @@ All requests of a call are generated in one batched, left-padded `generate`; eac
 log-probabilities follow the definition in `paravt.rollout.engine`: a logits processor takes
 each step's logits, keeps the log-softmax of that one step under the sampling distribution and
 gathers the sampled token's log-prob at the next step, so memory holds [N, V] of one step, never
-the fp32 logits of every generated token (8 x 2,048 x 151,936 floats is 10 GB). top-k and top-p
-are explicitly disabled so the generation config of a checkpoint cannot truncate the sampling
-distribution behind the trainer's back (pitfall 8).
+the fp32 logits of every generated token (8 x 2,048 x 151,936 floats is 10 GB). The checkpoint's
+generation config is set aside for the call (`neutral_generation_config`): transformers fills
+every knob a call leaves unset from it, so its repetition penalty, min-p, typical-p, n-gram bans
+or top-k would otherwise reshape the sampling distribution behind the trainer's back (pitfall 8);
+the call states the few knobs paravt uses and nothing else applies.
 
 It deliberately does not keep a KV cache across agent rounds: each round re-encodes the context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -39,6 +42,28 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
             ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r) :] = 1
     return ids, mask
+
+
+@contextmanager
+def neutral_generation_config(model) -> Iterator[None]:
+    """`model`'s generation configs replaced by transformers' neutral defaults while in the block.
+
+    Every module that can `generate` (a LoRA wrapper's inner model included) gets a fresh
+    `GenerationConfig`, restored on exit: a value paravt does not pass (repetition_penalty,
+    no_repeat_ngram_size, min_p, typical_p, ...) then takes the library's neutral default instead
+    of the checkpoint's `generation_config.json`.
+    """
+    from transformers import GenerationConfig, GenerationMixin
+
+    owners = [m for m in model.modules() if isinstance(m, GenerationMixin)]
+    saved = [m.generation_config for m in owners]
+    try:
+        for m in owners:
+            m.generation_config = GenerationConfig()
+        yield
+    finally:
+        for m, cfg in zip(owners, saved, strict=True):
+            m.generation_config = cfg
 
 
 class TransformersEngine:
@@ -71,6 +96,7 @@ class TransformersEngine:
         # LoRA: base + adapters merged, under the base model's names (gathered when sharded).
         from paravt.models.lora import is_lora, iter_merged_state_dict
 
+        self._check_materialised("receive weights")
         if policy is not self.model and (is_lora(policy) or is_sharded(policy)):
             device = next(self.model.parameters()).device
             gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
@@ -85,6 +111,7 @@ class TransformersEngine:
     ) -> list[list[GenerationOutput]]:
         if not requests:
             return []
+        self._check_materialised("generate")
         expanded = [r for r in requests for _ in range(params.n)]
         device = next(self.model.parameters()).device
         ids, mask = left_pad([r.token_ids for r in expanded], self.pad_id)
@@ -94,10 +121,20 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         record = SampledLogprobs(params.logprob_temperature, self.suppress_ids)
-        out = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            mm_token_type_ids=mm_token_type_ids(ids, self.image_id, self.video_id).to(device),
+        with neutral_generation_config(self.model):
+            out = self._generate(ids.to(device), mask.to(device), params, record, kwargs)
+        self.model.train(was_training)
+        new = out.sequences[:, ids.shape[1] :]
+        logp = record.finish(new).cpu()  # [N, T_new]
+        new = new.cpu()
+        results = [self._finish(new[i], logp[i]) for i in range(new.shape[0])]
+        return [results[i : i + params.n] for i in range(0, len(results), params.n)]
+
+    def _generate(self, ids, mask, params: SamplingParams, record, visual: dict):
+        return self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            mm_token_type_ids=mm_token_type_ids(ids, self.image_id, self.video_id).to(ids.device),
             max_new_tokens=params.max_new_tokens,
             do_sample=not params.greedy,
             temperature=None if params.greedy else 1.0,  # applied by `record`
@@ -109,14 +146,19 @@ class TransformersEngine:
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             **generate_sync_kwargs(self.model),  # sharded: step until every rank is done
-            **kwargs,
+            **visual,
         )
-        self.model.train(was_training)
-        new = out.sequences[:, ids.shape[1] :]
-        logp = record.finish(new).cpu()  # [N, T_new]
-        new = new.cpu()
-        results = [self._finish(new[i], logp[i]) for i in range(new.shape[0])]
-        return [results[i : i + params.n] for i in range(0, len(results), params.n)]
+
+    def _check_materialised(self, action: str) -> None:
+        """A clear error, not a silent no-op copy or a meta-tensor crash deep in `generate`."""
+        from paravt.rollout.factory import on_meta
+
+        if on_meta(self.model):
+            raise RuntimeError(
+                f"TransformersEngine cannot {action}: its model is a meta-device skeleton with no "
+                "weights (built before FSDP2's configure_model filled the policy); the engine must "
+                "be rebuilt on the materialised policy (RolloutDataModule.connect does this)"
+            )
 
     def _finish(self, tokens: torch.Tensor, logp: torch.Tensor) -> GenerationOutput:
         toks = tokens.tolist()

@@ -57,6 +57,16 @@ class ModelSize:
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
 
+# Bytes per element and the plan's short name of each engine dtype (`rollout.engine.dtype`).
+DTYPES = {
+    "bfloat16": (2, "bf16"),
+    "float16": (2, "fp16"),
+    "half": (2, "fp16"),
+    "float32": (4, "fp32"),
+    "float": (4, "fp32"),
+}
+
+
 # Published sizes (the models' config.json; parameter totals of their model cards:
 # Qwen3-VL-8B 8.77B, Qwen2.5-VL-7B 8.29B). The vision tower is the difference.
 PUBLISHED = {
@@ -66,8 +76,24 @@ PUBLISHED = {
 _NAMES = {"qwen3-vl-8b": "qwen3_vl_8b", "qwen2.5-vl-7b": "qwen2_5_vl_7b"}
 
 
+def checkpoint_params(path: Path) -> int:
+    """Elements of every tensor in the checkpoint's safetensors files, read from their headers
+    (8-byte length, then JSON with each tensor's shape): no weight is loaded."""
+    import math
+    import struct
+
+    total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
 def from_config_json(path: Path) -> ModelSize:
-    """Sizes of a local checkpoint (e.g. a tiny model) from its config.json and weights."""
+    """Sizes of a local checkpoint (e.g. a tiny model) from its config.json, and its parameter
+    total (vision tower and norms included) from its weights' headers when they are there."""
     cfg = json.loads((path / "config.json").read_text())
     text = cfg.get("text_config", cfg)
     heads = text["num_attention_heads"]
@@ -83,7 +109,7 @@ def from_config_json(path: Path) -> ModelSize:
     )
     from dataclasses import replace
 
-    return replace(size, total_params=size.lm_params)
+    return replace(size, total_params=checkpoint_params(path) or size.lm_params)
 
 
 def model_size(model_cfg) -> ModelSize | None:
@@ -116,6 +142,7 @@ class PlanInputs:
     sleep_mode: bool
     checkpointing: bool
     gpu_gb: float
+    engine_dtype: str = "bfloat16"  # the engine's weights and KV cache (rollout.engine.dtype)
 
 
 def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
@@ -134,14 +161,16 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
         "reference bf16 (sharded)": 2 * p / w if x.kl else 0.0,
         "gathered bf16 layers (2 in flight)": 2 * 2 * size.layer_params,
     }
-    kv_need = x.prompts_per_rank * x.group_size * x.max_total_tokens * size.kv_bytes_per_token
-    if x.engine == "vllm":
-        reserved = x.vllm_share * gpu
-        out["engine weights bf16 (vLLM, full copy)"] = 2 * p
-        out["engine KV cache (vLLM reservation)"] = max(reserved - 2 * p, 0.0)
+    nbytes, short = DTYPES[x.engine_dtype]
+    kv_token = size.kv_bytes_per_token // 2 * nbytes
+    kv_need = x.prompts_per_rank * x.group_size * x.max_total_tokens * kv_token
+    weights_key = f"engine weights {short} (" + ("vLLM, " if x.engine == "vllm" else "own ")
+    weights_key += "full copy)"
+    out[weights_key] = nbytes * p  # every parameter, vision tower included
+    if x.engine == "vllm":  # gpu_memory_utilization caps weights + KV cache together
+        out["engine KV cache (vLLM reservation)"] = max(x.vllm_share * gpu - nbytes * p, 0.0)
         kv_phase = 0.0
     else:
-        out["engine weights bf16 (own full copy)"] = 2 * p
         kv_phase = kv_need
     # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
     # set is about three [chunk, V] fp32 buffers (docs/performance.md, measured on CPU).
@@ -150,8 +179,7 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
     act_full = size.layers * layer_acts + logits
     resident = sum(out.values())
     if x.engine == "vllm" and x.sleep_mode:  # asleep during the update: weights + KV released
-        resident_update = resident - out["engine weights bf16 (vLLM, full copy)"]
-        resident_update -= out["engine KV cache (vLLM reservation)"]
+        resident_update = resident - out[weights_key] - out["engine KV cache (vLLM reservation)"]
     else:
         resident_update = resident
     acts = act_ckpt if x.checkpointing else act_full
@@ -173,7 +201,8 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
         f"memory plan per GPU: {size.name} ({size.total_params / 1e9:.2f}B parameters, "
         f"{size.lm_params / 1e9:.2f}B language model), W = {x.world} ranks, "
         f"{x.prompts_per_rank} prompt(s) x {x.group_size} rollouts per rank, "
-        f"{x.max_total_tokens} tokens per trajectory, engine {x.engine}",
+        f"{x.max_total_tokens} tokens per trajectory, engine {x.engine} "
+        f"({DTYPES[x.engine_dtype][1]})",
     ]
     for key, value in numbers.items():
         if key == "gpu":

@@ -163,6 +163,25 @@ def problems(cfg: DictConfig) -> list[Problem]:
     return out + _library_problems(cfg, world)
 
 
+def missing_installs(cfg: DictConfig) -> list[Problem]:
+    """What the config needs that this Python lacks: `train.py` refuses to start on it;
+    `check-recipe` only notes it (it plans a GPU run, often from another machine)."""
+    from importlib.util import find_spec
+
+    if cfg.get("stage", "rl") == "sft" or cfg.rollout.engine.get("name") != "vllm":
+        return []
+    if find_spec("vllm") is not None:
+        return []
+    return [
+        Problem(
+            "rollout/engine=vllm (experiment=paragrpo's engine) needs vLLM, not installed in "
+            "this Python",
+            "pip install -e '.[vllm]' on the GPU machine (on a CPU: make venv-vllm and run "
+            ".venv-vllm/bin/python), or rollout/engine=hf",
+        )
+    ]
+
+
 def notes(cfg: DictConfig) -> list[str]:
     """What runs, but differently than one might assume."""
     world, b = world_size(cfg), int(cfg.data.get("batch_size", 1))
@@ -238,7 +257,20 @@ def plan_inputs(cfg: DictConfig, gpu_gb: float):
         sleep_mode=bool(engine.get("enable_sleep_mode", False)),
         checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
         gpu_gb=gpu_gb,
+        engine_dtype=plan_engine_dtype(cfg),
     )
+
+
+def plan_engine_dtype(cfg: DictConfig) -> str:
+    """`rollout.engine.dtype`, "auto" read as the model's load dtype (`model.dtype`), as
+    `paravt.rollout.factory.engine_dtype` does."""
+    from paravt.run.memory_plan import DTYPES
+
+    name = str(cfg.rollout.engine.get("dtype", "auto"))
+    name = str(cfg.model.get("dtype", "float32")) if name == "auto" else name
+    if name not in DTYPES:
+        raise ValueError(f"rollout.engine.dtype={name!r}: choose one of {sorted(DTYPES)} or auto")
+    return name
 
 
 def memory_report(
@@ -277,6 +309,7 @@ def check(overrides: list[str], gpu_gb: float, require_files: bool) -> tuple[str
     found = problems(cfg)
     lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
     lines += [f"note: {n}" for n in notes(cfg)]
+    lines += [f"note: to run it here: {p}" for p in missing_installs(cfg)]
     for key, path in files_to_open(cfg):
         ok = Path(path).exists()
         lines.append(f"file {key}: {path} ({'found' if ok else 'missing'})")

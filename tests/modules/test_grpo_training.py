@@ -21,6 +21,7 @@ CPU_SCALE = [
     "model=tiny_qwen3",
     "data=needle",
     "trainer=cpu",
+    "rollout/engine=hf",  # experiment=paragrpo's vLLM is not installed in the CPU venv
     "trainer.max_steps=2",
     "trainer.enable_progress_bar=false",
     "data.batch_size=1",

@@ -31,10 +31,16 @@ MAX_LEN = 4096
 
 @pytest.fixture(scope="module")
 def caller_dir(tool_caller, tmp_path_factory):
+    """The caller's checkpoint, whose generation_config.json asks for a repetition penalty and
+    min-p: vLLM (which reads it) and the transformers engine must sample without them, so every
+    comparison with the trainer's log-probs below also checks that they are ignored."""
+    from transformers import GenerationConfig
+
     model, processor = tool_caller
     out = tmp_path_factory.mktemp("tool_caller_vllm")
     model.save_pretrained(out)
     processor.save_pretrained(out)
+    GenerationConfig(do_sample=True, repetition_penalty=1.3, min_p=0.5).save_pretrained(out)
     return out
 
 

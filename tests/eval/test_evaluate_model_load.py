@@ -1,0 +1,35 @@
+"""evaluate.py loads the policy's weights only for an engine that generates with them: vLLM reads
+`model.path` itself, so the HF model is a meta-device skeleton there (a second copy of the
+weights on the GPU would take the memory vLLM's start-up check asks for)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from paravt.rollout.factory import check_context, engine_dtype
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("engine", "weightless"), [("hf", False), ("vllm", True)])
+def test_the_weights_are_loaded_only_for_the_transformers_engine(
+    engine, weightless, tiny_qwen3_dir
+):
+    from evaluate import load_model, policy_spec
+
+    overrides = [f"rollout/engine={engine}", f"model.path={tiny_qwen3_dir}", "device=cpu"]
+    overrides.append("rollout.agent.max_total_tokens=4096")  # the tiny model's context: 8,192
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("eval", overrides=[*overrides, "model.build_tiny=null"])
+    model, processor = load_model(cfg, policy_spec(cfg))
+    assert {p.is_meta for p in model.parameters()} == {weightless}
+    assert processor.tokenizer.convert_tokens_to_ids("<|im_end|>") is not None
+    # What the vLLM engine reads of the module before it starts still holds on the skeleton.
+    engine_cfg = instantiate(cfg.rollout.engine)
+    check_context(engine_cfg.max_model_len, model.config)
+    assert engine_dtype(engine_cfg, model) == torch.float32  # the tiny model's model.dtype
