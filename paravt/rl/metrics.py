@@ -99,11 +99,12 @@ def drift_metrics(texts: Sequence[str]) -> dict[str, float]:
         "drift/tag_reversion": sum(PRIOR_TAG in t for t in texts) / n,
         "drift/dropped_closers": sum(dropped) / n,
         "drift/dropped_any": sum(d > 0 for d in dropped) / n,
-        "drift/no_answer": sum(not _closed_answer(t) for t in texts) / n,
+        "drift/no_answer": sum(not closed_answer(t) for t in texts) / n,
     }
 
 
-def _closed_answer(text: str) -> bool:
+def closed_answer(text: str) -> bool:
+    """True when the text holds `<answer>` followed later by `</answer>`."""
     start = text.find("<answer>")
     return start >= 0 and text.find("</answer>", start) >= 0
 
