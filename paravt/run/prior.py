@@ -126,6 +126,15 @@ def stage_key(agent_cfg: dict) -> dict:
     return {k: v for k, v in agent_cfg.items() if k not in RL_ONLY_AGENT_FIELDS}
 
 
+def stages_key(prior: PriorConfig, key_parts: dict) -> str:
+    """The cache key of the prior and cold start: `prior` (its folder aside) and `key_parts`,
+    with `key_parts["rollout.agent"]`, when given, keyed without the RL-only fields."""
+    parts = dict(key_parts)
+    if isinstance(parts.get("rollout.agent"), dict):
+        parts["rollout.agent"] = stage_key(parts["rollout.agent"])
+    return cache_key({"prior": asdict(replace(prior, cache_dir="")), **parts})
+
+
 def dialect_rates(
     agent: AgentLoop, samples: Sequence[Sample], budget: int, params: SamplingParams
 ) -> dict[str, float]:
@@ -184,15 +193,11 @@ def prior_then_cold_start(
 ) -> ColdStartResult:
     """The tool prior then the cold start on `module.policy`, or both loaded from the cache;
     returns the cold start's result with the prior's notes added.
-    `prior.steps == 0` skips the prior stage. `key_parts["rollout.agent"]`, when given, is
-    keyed without the RL-only fields (`stage_key`)."""
+    `prior.steps == 0` skips the prior stage; the cache key is `stages_key`'s."""
     from paravt.modules.checkpoint import atomic_torch_save
     from paravt.run.coldstart import cold_start
 
-    parts = dict(key_parts)
-    if isinstance(parts.get("rollout.agent"), dict):
-        parts["rollout.agent"] = stage_key(parts["rollout.agent"])
-    key = cache_key({"prior": asdict(replace(prior, cache_dir="")), **parts})
+    key = stages_key(prior, key_parts)
     path = Path(prior.cache_dir) / key
     probe = list(held_out)[: min(8, len(held_out))]
     if (path / "state.pt").exists():

@@ -138,14 +138,12 @@ def test_every_paradox_arm_shapes_rewards_as_the_reference(prior_arms):
 
 def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
     from paravt.run.build import prior_key_parts
-    from paravt.run.prior import cache_key, stage_key
+    from paravt.run.prior import stages_key
 
-    def key(cfg) -> str:
-        parts = prior_key_parts(cfg)
-        parts["rollout.agent"] = stage_key(parts["rollout.agent"])
-        return cache_key({"prior": OmegaConf.to_container(cfg.prior), **parts})
-
-    keys = {arm: key(cfg) for arm, cfg in prior_arms.items()}
+    keys = {
+        arm: stages_key(instantiate(cfg.prior), prior_key_parts(cfg))
+        for arm, cfg in prior_arms.items()
+    }
     assert len({keys[arm] for arm in PRIOR_ARMS if arm != "weak"}) == 1
     assert keys["weak"] != keys["paragrpo"]
     weak, para, grpo = prior_arms["weak"], prior_arms["paragrpo"], prior_arms["grpo"]
