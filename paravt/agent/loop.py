@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from paravt.agent import prompts
-from paravt.agent.parsing import parse_tool_calls
+from paravt.agent.parsing import check_dialect, parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
 from paravt.agent.tools import CropConfig, ParallelToolExecutor
 from paravt.errors import VideoError
@@ -64,8 +64,13 @@ class AgentConfig:
     # gets the forced-answer message alone and the next turn must answer (the "same policy,
     # forced to answer without tools" ablation, `mode=tools_denied`).
     deny_calls: bool = False
+    # How `<tool_code>` blocks are read (paravt.agent.parsing.DIALECTS): "any" both tags, one
+    # call per block; "lines" one call per line of a `<tool_code>` block (a prior's form);
+    # "tool_call" only `<tool_call>` runs, a `<tool_code>` block gets an error back.
+    tool_dialect: str = "any"
 
     def __post_init__(self) -> None:
+        check_dialect(self.tool_dialect)
         if self.mode not in MODES:
             raise ValueError(f"agent mode {self.mode!r} is unknown: choose one of {MODES}")
         if self.max_rounds < 0:
@@ -264,7 +269,9 @@ class AgentLoop:
         text = st.prefix + body
         st.history.append({"role": "assistant", "content": text})
         cap = self.crop.max_calls_per_turn  # the one call-cap knob (1: sequential dispatch)
-        calls = () if st.forced or not self.cfg.tools else parse_tool_calls(text, max_calls=cap)
+        calls = ()
+        if not st.forced and self.cfg.tools:
+            calls = parse_tool_calls(text, max_calls=cap, dialect=self.cfg.tool_dialect)
         st.turns.append(Turn(text=text, calls=calls, forced_answer=st.forced))
         if out.finish_reason != "stop":
             st.done, st.finish_reason = True, out.finish_reason

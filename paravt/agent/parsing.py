@@ -4,6 +4,19 @@ Accepted forms, one call per block:
     <tool_call>{"name": "crop_video", "arguments": {"start_time": 30, "end_time": 50}}</tool_call>
     <tool_code>crop_video(video_path="v.mp4", start_time="0:30", end_time=50)</tool_code>
 (the second is the form the pretrained prior drifts to). A final block may be left unclosed.
+
+`dialect` (`DIALECTS`, config `rollout.agent.tool_dialect`) says how `<tool_code>` is read:
+    "any" (default): both tags, one call per block, as above;
+    "lines": a `<tool_code>` block holds one call per line (blank and `#` lines skipped), each
+        line its own call, positional or keyword arguments; two positional arguments and no
+        time by keyword are (start_time, end_time). The form a pretrained prior writes, e.g.
+            <tool_code>
+            crop_video(start_time=0, end_time=16)
+            crop_video(16, 32)
+            </tool_code>
+    "tool_call": `<tool_call>` only; a `<tool_code>` block is one call that fails with an error
+        text naming the right syntax (the RL dialect: a reverted turn gets the error back).
+`reverted_turn` tells whether a turn used `<tool_code>`, whatever the dialect.
 Argument aliases (`start`, `start_sec`, `end`, ...) are normalised to `start_time` / `end_time`
 and time values ("30", "30s", "0:30", "00:00:30.5") to float seconds. Each block yields either a
 call or a short error text meant for the model; one bad block never spoils its siblings.
@@ -31,6 +44,8 @@ CALL_EXAMPLE = (
     '{"video_path": "<video>", "start_time": 30.0, "end_time": 50.0}}</tool_call>'
 )
 
+DIALECTS: tuple[str, ...] = ("any", "lines", "tool_call")
+CODE_TAG = "<tool_code>"  # the prior's tag: a turn that opens it has reverted
 _OPEN_RE = re.compile(r"<tool_call>|<tool_code>")
 _CLOSE_RE = re.compile(r"</tool_call>|</tool_code>")
 _FENCE_RE = re.compile(r"^\s*```[A-Za-z]*\s*|\s*```\s*$")
@@ -137,22 +152,67 @@ def cap_error(index: int, max_calls: int) -> str:
     return f"call {index + 1} ignored: at most {max_calls} calls per turn"
 
 
+def reverted_turn(text: str) -> bool:
+    """True when the turn opens a `<tool_code>` block: the prior's dialect, not `<tool_call>`."""
+    return CODE_TAG in text
+
+
+def check_dialect(dialect: str) -> None:
+    if dialect not in DIALECTS:
+        raise ValueError(
+            f"unknown tool dialect {dialect!r}: choose one of {', '.join(DIALECTS)} "
+            "(rollout.agent.tool_dialect)"
+        )
+
+
 def parse_tool_calls(
-    text: str, max_calls: int | None = None, known_tools: Collection[str] = KNOWN_TOOLS
+    text: str,
+    max_calls: int | None = None,
+    known_tools: Collection[str] = KNOWN_TOOLS,
+    dialect: str = "any",
 ) -> tuple[ParsedCall, ...]:
-    """Every tool block of one assistant turn, in order, each with a call or an error text."""
-    parsed = []
-    for index, block in enumerate(_find_blocks(text)):
-        raw = text[block.start : block.end]
-        if max_calls is not None and index >= max_calls:
-            parsed.append(ParsedCall(index=index, raw=raw, error=cap_error(index, max_calls)))
-            continue
-        outcome = _parse_body(block.body, index + 1, known_tools)
-        if isinstance(outcome, str):
-            parsed.append(ParsedCall(index=index, raw=raw, error=outcome))
-        else:
-            parsed.append(ParsedCall(index=index, raw=raw, call=outcome))
+    """Every call of one assistant turn, in order, each with a call or an error text: one per
+    block, or one per line of a `<tool_code>` block in the "lines" dialect."""
+    check_dialect(dialect)
+    parsed: list[ParsedCall] = []
+    for block in _find_blocks(text):
+        for piece in _pieces(block, text[block.start : block.end], dialect):
+            index = len(parsed)
+            if max_calls is not None and index >= max_calls:
+                outcome: ToolCall | str = cap_error(index, max_calls)
+            elif piece.refused:
+                outcome = f"tool call {index + 1}: <tool_code> is not a tool call here; write "
+                outcome += CALL_EXAMPLE
+            else:
+                outcome = _parse_body(piece.body, index + 1, known_tools, piece.times_first)
+            if isinstance(outcome, str):
+                parsed.append(ParsedCall(index=index, raw=piece.raw, error=outcome))
+            else:
+                parsed.append(ParsedCall(index=index, raw=piece.raw, call=outcome))
     return tuple(parsed)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """What one call is read from: its raw text and the body to parse."""
+
+    raw: str
+    body: str
+    times_first: bool = False  # two positional arguments are (start_time, end_time)
+    refused: bool = False  # a `<tool_code>` block in the "tool_call" dialect
+
+
+def _pieces(block: _Block, raw: str, dialect: str) -> list[_Piece]:
+    """The calls of one block: the block itself, or each call line of a `<tool_code>` block."""
+    if not raw.startswith(CODE_TAG) or dialect == "any":
+        return [_Piece(raw, block.body)]
+    if dialect == "tool_call":
+        return [_Piece(raw, block.body, refused=True)]
+    if len(block.body) > _MAX_BLOCK_CHARS:
+        return [_Piece(raw, block.body)]  # parsed into the too-long error
+    lines = [line.strip() for line in _FENCE_RE.sub("", block.body).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    return [_Piece(line, line, times_first=True) for line in lines] or [_Piece(raw, "")]
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -160,7 +220,9 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _parse_body(body: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
+def _parse_body(
+    body: str, number: int, known_tools: Collection[str], times_first: bool = False
+) -> ToolCall | str:
     if len(body) > _MAX_BLOCK_CHARS:
         return f"tool call {number} is too long ({len(body)} chars); write {CALL_EXAMPLE}"
     code = _FENCE_RE.sub("", body).strip()
@@ -168,7 +230,7 @@ def _parse_body(body: str, number: int, known_tools: Collection[str]) -> ToolCal
         return f"tool call {number} is empty; write {CALL_EXAMPLE}"
     if code.startswith(("{", "[")):
         return _parse_json_call(code, number, known_tools)
-    return _parse_python_call(code, number, known_tools)
+    return _parse_python_call(code, number, known_tools, times_first)
 
 
 def _parse_json_call(code: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
@@ -193,7 +255,9 @@ def _parse_json_call(code: str, number: int, known_tools: Collection[str]) -> To
     return _build_call(name, arguments.items(), number, known_tools)
 
 
-def _parse_python_call(code: str, number: int, known_tools: Collection[str]) -> ToolCall | str:
+def _parse_python_call(
+    code: str, number: int, known_tools: Collection[str], times_first: bool = False
+) -> ToolCall | str:
     try:
         node = ast.parse(code, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
@@ -206,6 +270,9 @@ def _parse_python_call(code: str, number: int, known_tools: Collection[str]) -> 
     if name not in known_tools:
         return _unknown_tool(name, number, known_tools)
     order = POSITIONAL_ARGUMENTS.get(name, ())
+    named = {ARGUMENT_ALIASES.get((k.arg or "").strip().lower()) for k in node.keywords}
+    if times_first and name == "crop_video" and len(node.args) == 2 and not named & TIME_ARGUMENTS:
+        order = ("start_time", "end_time")  # crop_video(16, 32): two times, no path
     if len(node.args) > len(order):
         return f"tool call {number}: {name} takes at most {len(order)} positional arguments"
     nodes = list(zip(order, node.args, strict=False))  # fewer positionals is fine

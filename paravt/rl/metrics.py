@@ -3,8 +3,10 @@
 f_tau: mean format reward of a batch of training rollouts (format compliance at temperature 0.7).
 kappa: mean number of tool calls per rollout. `per_budget` splits any per-rollout value by the
 frame budget of its prompt. `drift_metrics`: the format-drift shares of the Tool Prior Paradox
-(the prior's `<tool_code>` tag, dropped closing tags, missing answers). Empty input gives 0.0,
-never NaN.
+(the prior's `<tool_code>` tag, dropped closing tags, missing answers). `reversions` /
+`tag_reversion`: the tool turns that reverted to `<tool_code>`, per trajectory and per step.
+`ruler_format`: the one ruler f_tau is read with in every arm (the reference's string rules,
+no anchor term), beside the anchor bonus itself. Empty input gives 0.0, never NaN.
 
 This module deliberately does not compute the format reward itself (paravt/rewards/) nor log
 anything; it reduces numbers to numbers.
@@ -17,7 +19,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from paravt.types import RewardBreakdown
+from paravt.agent.parsing import reverted_turn
+from paravt.rewards.format import is_degenerate
+from paravt.rewards.format_reference import reference_indicators, reference_total
+from paravt.types import RewardBreakdown, Trajectory
 
 Values = Sequence[float] | Sequence[int] | Tensor
 
@@ -94,10 +99,43 @@ def drift_metrics(texts: Sequence[str]) -> dict[str, float]:
         "drift/tag_reversion": sum(PRIOR_TAG in t for t in texts) / n,
         "drift/dropped_closers": sum(dropped) / n,
         "drift/dropped_any": sum(d > 0 for d in dropped) / n,
-        "drift/no_answer": sum(not _closed_answer(t) for t in texts) / n,
+        "drift/no_answer": sum(not closed_answer(t) for t in texts) / n,
     }
 
 
-def _closed_answer(text: str) -> bool:
+def closed_answer(text: str) -> bool:
+    """True when the text holds `<answer>` followed later by `</answer>`."""
     start = text.find("<answer>")
     return start >= 0 and text.find("</answer>", start) >= 0
+
+
+def tool_turns(traj: Trajectory) -> int:
+    """Turns of one trajectory that wrote at least one tool block (a valid call or not)."""
+    return sum(1 for turn in traj.turns if turn.calls)
+
+
+def reversions(traj: Trajectory) -> int:
+    """Tool turns of one trajectory that opened the prior's `<tool_code>` instead of
+    `<tool_call>` (counted whatever the dialect did with them: run, or answered with an error)."""
+    return sum(1 for turn in traj.turns if turn.calls and reverted_turn(turn.text))
+
+
+def tag_reversion(trajs: Sequence[Trajectory]) -> float:
+    """Share of the batch's tool turns that reverted to `<tool_code>` (0.0 without tool turns)."""
+    turns = sum(tool_turns(t) for t in trajs)
+    return sum(reversions(t) for t in trajs) / turns if turns else 0.0
+
+
+def ruler_format(text: str, min_think_chars: int = 10) -> float:
+    """One rollout's format score on the one ruler, in [0, 1]: the reference release's string
+    rules with the answer-suffix credits and no anchor term, whatever the arm trains with.
+
+    think 0.2 + `<answer>` 0.3 + `</answer>` 0.2 (a non-empty answer), + 0.3 for a substantive
+    think before a parseable call, + 0.1 for balanced tags once the score is > 0, at most 1.
+    So a well-formed direct answer scores 0.8 and a well-formed tool rollout 1.0 in every arm;
+    a degenerate text scores 0, as its reward does.
+    """
+    if is_degenerate(text):
+        return 0.0
+    indicators = reference_indicators(text, min_think_chars)
+    return reference_total(indicators, text, 0.0, answer_suffix=True)[1]

@@ -27,7 +27,15 @@ from paravt.rl.advantages import (
     zero_variance_groups,
 )
 from paravt.rl.losses import kl_loss
-from paravt.rl.metrics import drift_metrics, f_tau, format_compliance, kappa
+from paravt.rl.metrics import (
+    drift_metrics,
+    f_tau,
+    format_compliance,
+    kappa,
+    reversions,
+    ruler_format,
+    tag_reversion,
+)
 from paravt.rl.microbatch import MicroWeights
 from paravt.rl.mismatch import policy_loss
 from paravt.types import RewardBreakdown, Trajectory
@@ -97,6 +105,11 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """The per-step health figures of the paper and of the loop (f_tau, kappa, lengths...).
 
+    f_tau is each rollout's own R_fmt (this arm's formula, anchor bonus included, at most 1);
+    f_tau_ruler the same rollouts on the one ruler of every arm (`metrics.ruler_format`), and
+    f_tau_anchor the mean anchor bonus before its weight (0.4 closed think + 0.3 think -> answer
+    - 0.3 unclosed think), whether or not this arm pays it. tag_reversion: the share of tool
+    turns written in `<tool_code>`; rollout/reversions: such turns per rollout.
     Per-budget gate ratios are the `FrameBudgetRandomization` callback's (pooled over steps).
     """
     n = max(len(trajs), 1)
@@ -109,11 +122,15 @@ def rollout_metrics(
         "reward/tool": sum(r.tool for r in rewards) / n,
         "reward/degenerate": sum(r.degenerate for r in rewards) / n,
         "f_tau": f_tau([format_compliance(r) for r in rewards]),
+        "f_tau_ruler": f_tau([ruler_format(t.response_text) for t in trajs]),
+        "f_tau_anchor": f_tau([r.components.get("format/anchor", 0.0) for r in rewards]),
         "kappa": kappa([t.num_calls for t in trajs]),
         "rollout/rounds": sum(t.num_rounds for t in trajs) / n,
         "rollout/response_tokens": sum(t.num_trained_tokens for t in trajs) / n,
         "rollout/length": sum(len(t.token_ids) for t in trajs) / n,
         "rollout/truncated": sum(t.truncated for t in trajs) / n,
+        "tag_reversion": tag_reversion(trajs),
+        "rollout/reversions": sum(reversions(t) for t in trajs) / n,
         "rollout/valid_call_share": sum(t.num_valid_calls for t in trajs) / max(calls.sum(), 1),
         **drift_metrics([t.response_text for t in trajs]),
     }

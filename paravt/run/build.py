@@ -96,6 +96,17 @@ def build_run(cfg: DictConfig) -> Run:
     return Run(trainer=trainer, module=module, datamodule=datamodule)
 
 
+PRIOR_KEY_PARTS = ("model", "cold_start", "data.generate", "rollout.agent", "rollout.crop")
+
+
+def prior_key_parts(cfg: DictConfig) -> dict:
+    """The config sections the tool prior and cold start depend on (their cache key, with
+    `paravt.run.prior.stage_key` dropping the agent fields only RL reads)."""
+    return {
+        p: OmegaConf.to_container(OmegaConf.select(cfg, p), resolve=True) for p in PRIOR_KEY_PARTS
+    }
+
+
 def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
     """Supervised steps on teacher trajectories before RL, unless resuming or not configured:
     the run with the cold start's result kept (`run.cold_start`), or `run` unchanged."""
@@ -119,11 +130,9 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
     if cfg.get("prior") is not None:  # a tool prior first; both stages cached (prior.py)
         from paravt.run.prior import prior_then_cold_start
 
-        parts = ("model", "cold_start", "data.generate", "rollout.agent", "rollout.crop")
-        key = {p: OmegaConf.to_container(OmegaConf.select(cfg, p), resolve=True) for p in parts}
         result = prior_then_cold_start(
             run.module, agent, dm.train_samples, dm.eval_samples,
-            instantiate(cfg.prior), instantiate(cfg.cold_start), key,
+            instantiate(cfg.prior), instantiate(cfg.cold_start), prior_key_parts(cfg),
         )  # fmt: skip
     else:
         result = cached_cold_start(  # a sweep's jobs share one identical cold start

@@ -1,9 +1,13 @@
 """`paravt paradox-report RUN_DIRS...`: the paper's Figure 4 and f_tau / kappa table, ours beside.
 
 Each run folder (`runs/demo_prior_<arm>_seed<N>`) holds the TensorBoard scalars its training
-logged; the arm is the folder's (or its `.hydra/config.yaml` name's) text before `_seed<N>`. Per
-arm, f_tau and kappa are averaged over the last `last` logged steps of each seed, then reduced to
-mean +- standard error over seeds; "after cold start" pools every run's first logged step (the
+logged; the arm is the folder's (or its `.hydra/config.yaml` name's) text before `_seed<N>`.
+"Ours f_tau" is `f_tau_ruler`, every arm read with one ruler (`paravt.rl.metrics.ruler_format`);
+each arm's own R_fmt (`f_tau`, whose ceiling moves with the anchor weight) and the anchor term
+(`f_tau_anchor`) get columns of their own; tag reversion is the share of tool turns written in
+`<tool_code>`. A run logged before a figure existed shows n/a there. Per arm, every figure is
+averaged over the last `last` logged steps of each seed, then reduced to mean +- standard
+error over seeds; "after cold start" pools every run's first logged step (the
 rollouts of the cold-start policy). The figure draws f_tau and kappa over steps, one line per arm
 with a band of +- one standard error over seeds. Pure reductions (`arm_series`, `table_rows`) are
 kept apart from reading and drawing.
@@ -27,7 +31,8 @@ PAPER: tuple[tuple[str, str, float, float], ...] = (
     ("weak", "weak prior (Qwen2.5-VL)", 0.85, 0.0),
 )
 COLD_START = ("after cold start", 0.13, 2.50)
-TAGS = ("f_tau", "kappa", "drift/tag_reversion", "drift/dropped_any")
+TAGS = ("f_tau_ruler", "kappa", "tag_reversion", "f_tau", "f_tau_anchor", "drift/dropped_any")
+FIGURE_TAGS = ("f_tau_ruler", "kappa")
 _SEED_RE = re.compile(r"_seed(\d+|\$\{seed\})$")  # saved configs keep ${seed}
 Points = Sequence[tuple[float, float]]
 
@@ -103,16 +108,17 @@ def _cell(stat: tuple[float, float]) -> str:
 def format_table(rows, last: int) -> str:
     """A Markdown table: paper's f_tau / kappa beside ours (mean +- se over seeds)."""
     head = (
-        f"| run | seeds | paper f_tau | ours f_tau (last {last} steps) | paper kappa | ours kappa "
-        "| ours tag reversion | ours dropped closing tags |"
+        f"| run | seeds | paper f_tau | ours f_tau, one ruler (last {last} steps) | paper kappa "
+        "| ours kappa | ours tag reversion | ours own R_fmt | ours anchor term "
+        "| ours dropped closing tags |"
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * 10]
     for label, n, stats, paper_f, paper_k in rows:
         pf = "" if math.isnan(paper_f) else f"{paper_f:.2f}"
         pk = "" if math.isnan(paper_k) else f"{paper_k:.2f}"
-        cells = [_cell(stats[t]) for t in TAGS]
+        ruler, kappa, *rest = (_cell(stats[t]) for t in TAGS)
         lines.append(
-            f"| {label} | {n} | {pf} | {cells[0]} | {pk} | {cells[1]} | {cells[2]} | {cells[3]} |"
+            f"| {label} | {n} | {pf} | {ruler} | {pk} | {kappa} | " + " | ".join(rest) + " |"
         )
     return "\n".join(lines)
 
@@ -161,7 +167,8 @@ def band_panel(series: Mapping[str, Sequence[tuple[float, float, float]]], title
 
 
 def figure(runs: Mapping[str, Sequence[Mapping[str, Points]]], out: str | Path) -> Path:
-    """Figure 4: f_tau and kappa over steps side by side, one line (and seed band) per arm."""
+    """Figure 4: f_tau (one ruler) and kappa over steps side by side, one line (and seed band)
+    per arm."""
     from PIL import Image
 
     size = (max(640, 120 * len(runs) + 80), 400)
@@ -171,7 +178,7 @@ def figure(runs: Mapping[str, Sequence[Mapping[str, Points]]], out: str | Path) 
             f"{tag} over RL steps (mean +- se over seeds)",
             size,
         )
-        for tag in ("f_tau", "kappa")
+        for tag in FIGURE_TAGS
     ]
     img = Image.new("RGB", (size[0] * 2, size[1]), "white")
     for i, panel in enumerate(panels):

@@ -2,11 +2,18 @@
 
 The Tool Prior Paradox (docs/demo.md) needs a policy with tool habits of its own, the way a
 pretrained Qwen3-VL has them. `prior_stage` gives the tiny model such a prior: supervised steps on
-tool-using text in a competing dialect (its own tag `<tool_code>`, a Python-call syntax
-`crop_video(start, end)`, eager tool use on every prompt; `tool_share` of the corpus, the rest
-direct answers). The short cold start on the project's `<tool_call>` format then runs on top of
-it (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is
-the experiment's knob; `steps=0` is the weak-prior contrast (no prior stage).
+tool-using text in a competing dialect (its own tag `<tool_code>`, one Python-style call per line
+`crop_video(start_time=..., end_time=...)`), `tool_share` of the corpus, the rest direct answers.
+The corpus is traced with the "lines" tool dialect, so its calls run and their crops come back
+before the answer: the prior learns to read crops, not to answer after an error. The short
+cold start on the project's `<tool_call>` format then runs on top of it
+(`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
+experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
+
+Both stages run with the forced `<think>` prefix (`STAGE_AGENT`) whatever the arm's RL agent
+does, so that an arm that turns it off in RL (vanilla GRPO, as the reference's vanilla recipe)
+still starts from the same checkpoint as the others; the RL-only agent fields are left out of
+the cache key (`stage_key`).
 
 `prior_then_cold_start` caches the policy after both stages under `cache_dir/<key>`, the key a
 hash of every config that shapes them (model, prior, cold start, data, agent, crop), so the arms
@@ -38,7 +45,13 @@ if TYPE_CHECKING:
     from paravt.run.coldstart import ColdStartResult
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # bump when the stages change what they train
+CACHE_VERSION = 3  # bump when the stages change what they train
+# Agent fields both stages pin (RL may set them otherwise): forced think, and the dialect each
+# stage reads `<tool_code>` in (the prior runs its own calls; the cold start answers them with
+# the RL dialect's error).
+STAGE_AGENT = {"force_think": True}
+PRIOR_DIALECT, COLD_START_DIALECT = "lines", "tool_call"
+RL_ONLY_AGENT_FIELDS = ("force_think", "tool_dialect")
 _CALL_RE = re.compile(r"<tool_call>(\{.*?\})</tool_call>", re.DOTALL)
 PRIOR_THOUGHT = "Let me look closer at the video first."
 
@@ -49,7 +62,7 @@ class PriorConfig:
     tool_share: float = 1.0  # share of prior-dialect tool-use text (the rest: direct answers)
     lr: float = 3e-3
     batch_size: int = 8
-    budgets: tuple[int, ...] = (2, 4)
+    budgets: tuple[int, ...] = (2, 4)  # cycled over the corpus: (2, 4, 2, 4, 16) is 2:2:1
     train_vision: bool = True  # a pretraining stage trains the whole (random) model
     seed: int = 0
     cache_dir: str = "artifacts/prior_cache"
@@ -64,19 +77,21 @@ class PriorConfig:
 
 def prior_dialect(text: str) -> str:
     """The prior's version of one teacher turn: each `<tool_call>` JSON call becomes a line
-    `crop_video(start, end)` in one `<tool_code>` block, after the prior's own thought."""
+    `crop_video(start_time=..., end_time=...)` in one `<tool_code>` block, after the prior's own
+    thought (the form the "lines" tool dialect runs)."""
     calls = []
     for body in _CALL_RE.findall(text):
         args = json.loads(body).get("arguments", {})
-        calls.append(f"crop_video({args.get('start_time')}, {args.get('end_time')})")
+        start, end = args.get("start_time"), args.get("end_time")
+        calls.append(f"crop_video(start_time={start}, end_time={end})")
     if not calls:
         return text
     return f"{PRIOR_THOUGHT}</think>\n{PRIOR_TAG}\n" + "\n".join(calls) + "\n</tool_code>"
 
 
 def prior_teacher(samples: Sequence[Sample], plan: dict[str, str]) -> Callable[[str], str]:
-    """The needle teacher with its tool turns rewritten into the prior's dialect. The agent
-    parses no `<tool_code>` call, so a tool-using trajectory of the prior is that one turn."""
+    """The needle teacher with its tool turns rewritten into the prior's dialect; traced with
+    the "lines" dialect, its calls run and it answers after their crops."""
     respond = needle_teacher(samples, "search", plan)
     return lambda context: prior_dialect(respond(context))
 
@@ -84,18 +99,40 @@ def prior_teacher(samples: Sequence[Sample], plan: dict[str, str]) -> Callable[[
 def prior_trajectories(
     agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig
 ) -> list[Trajectory]:
-    """One prior-corpus trajectory per sample: `tool_share` eager `<tool_code>` searches, the
-    rest direct answers, budgets cycling over `cfg.budgets`."""
+    """One prior-corpus trajectory per sample: `tool_share` `<tool_code>` searches whose crops
+    come back before the answer, the rest direct answers, budgets cycling over `cfg.budgets`."""
     budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
     mix = {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
     plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
+    stage = stage_agent(agent, PRIOR_DIALECT)
     out: list[Trajectory] = []
     for group in distinct_question_batches(samples):
         part = [samples[i] for i in group]
         engine = ScriptedEngine(agent.tokenizer, prior_teacher(part, plan))
-        teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
+        teacher = AgentLoop(engine, agent.renderer, agent.source, stage.cfg, agent.crop)
         out += teacher.run(part, [budgets[i] for i in group], 1, SamplingParams(greedy=True))
     return out
+
+
+def stage_agent(agent: AgentLoop, dialect: str) -> AgentLoop:
+    """`agent` with the stages' pinned fields (`STAGE_AGENT`) and `dialect`: same engine,
+    renderer, frame source and crops."""
+    cfg = replace(agent.cfg, **STAGE_AGENT, tool_dialect=dialect)
+    return AgentLoop(agent.engine, agent.renderer, agent.source, cfg, agent.crop)
+
+
+def stage_key(agent_cfg: dict) -> dict:
+    """The agent config as the cache key sees it: without the fields RL may change alone."""
+    return {k: v for k, v in agent_cfg.items() if k not in RL_ONLY_AGENT_FIELDS}
+
+
+def stages_key(prior: PriorConfig, key_parts: dict) -> str:
+    """The cache key of the prior and cold start: `prior` (its folder aside) and `key_parts`,
+    with `key_parts["rollout.agent"]`, when given, keyed without the RL-only fields."""
+    parts = dict(key_parts)
+    if isinstance(parts.get("rollout.agent"), dict):
+        parts["rollout.agent"] = stage_key(parts["rollout.agent"])
+    return cache_key({"prior": asdict(replace(prior, cache_dir="")), **parts})
 
 
 def dialect_rates(
@@ -156,11 +193,11 @@ def prior_then_cold_start(
 ) -> ColdStartResult:
     """The tool prior then the cold start on `module.policy`, or both loaded from the cache;
     returns the cold start's result with the prior's notes added.
-    `prior.steps == 0` skips the prior stage (the weak-prior contrast)."""
+    `prior.steps == 0` skips the prior stage; the cache key is `stages_key`'s."""
     from paravt.modules.checkpoint import atomic_torch_save
     from paravt.run.coldstart import cold_start
 
-    key = cache_key({"prior": asdict(replace(prior, cache_dir="")), **key_parts})
+    key = stages_key(prior, key_parts)
     path = Path(prior.cache_dir) / key
     probe = list(held_out)[: min(8, len(held_out))]
     if (path / "state.pt").exists():
@@ -175,9 +212,12 @@ def prior_then_cold_start(
     notes: list[str] = []
     if prior.steps:
         prior_losses = prior_stage(module, agent, samples, prior)
-        notes += _notes(module, agent, probe, prior, prior_losses, "tool prior")
-    result = cold_start(module, samples, cold, agent, held_out)
-    notes += _notes(module, agent, probe, prior, [], "after the cold start")
+        notes += _notes(
+            module, stage_agent(agent, PRIOR_DIALECT), probe, prior, prior_losses, "tool prior"
+        )
+    switched = stage_agent(agent, COLD_START_DIALECT)
+    result = cold_start(module, samples, cold, switched, held_out)
+    notes += _notes(module, switched, probe, prior, [], "after the cold start")
     for line in notes:
         log.info(line)
     result = replace(result, notes=(*notes, *result.notes), seconds=time.perf_counter() - t0)

@@ -203,3 +203,40 @@ def test_the_forced_answer_turn_has_its_own_token_cap(processor, needle_samples)
             break
         last_run += 1
     assert last_run == 3
+
+
+PRIOR_TURN = (
+    "x</think>\n<tool_code>\ncrop_video(start_time=2, end_time=6)\ncrop_video(10, 14)\n</tool_code>"
+)
+
+
+def test_a_tool_code_block_of_several_lines_runs_in_the_lines_dialect(processor, needle_samples):
+    from paravt.rl.metrics import reversions, tag_reversion
+
+    cfg = AgentConfig(tool_dialect="lines")
+    (traj,) = scripted_loop(processor, PRIOR_TURN, cfg=cfg).run(needle_samples[:1], [4], 1, GREEDY)
+    first = traj.turns[0]
+    assert [r.window for r in first.results] == [(2.0, 6.0), (10.0, 14.0)]
+    assert all(r.frames is not None and len(r.frames.indices) == 4 for r in first.results)
+    assert (traj.num_calls, traj.num_valid_calls, traj.num_tool_responses) == (2, 2, 2)
+    # the turn ran, and it is still a reversion: the prior's tag, not <tool_call>
+    assert reversions(traj) == 1 and tag_reversion([traj]) == 1.0
+
+
+def test_the_tool_call_dialect_answers_a_reverted_turn_with_an_error(processor, needle_samples):
+    from paravt.rl.metrics import reversions, tag_reversion
+
+    cfg = AgentConfig(tool_dialect="tool_call")
+    loop = scripted_loop(processor, PRIOR_TURN, cfg=cfg)
+    (reverted,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
+    (error,) = reverted.turns[0].results
+    assert not error.ok and "<tool_code> is not a tool call here" in error.error
+    assert "Error: " + error.error in processor.tokenizer.decode(list(reverted.token_ids))
+    assert (reverted.num_valid_calls, reverted.num_tool_responses) == (0, 0)
+    assert reversions(reverted) == 1
+    # a well-formed rollout beside it: one tool turn of two reverted in the batch
+    ok_loop = scripted_loop(processor, "x</think>\n" + call_text(2, 6), cfg=cfg)
+    (clean,) = ok_loop.run(needle_samples[:1], [4], 1, GREEDY)
+    assert reversions(clean) == 0 and clean.num_tool_responses == 1
+    assert tag_reversion([reverted, clean]) == 0.5
+    assert tag_reversion([]) == 0.0

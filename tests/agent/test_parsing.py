@@ -349,3 +349,87 @@ def test_strip_tool_blocks_leaves_no_tool_syntax(parts: list[str]) -> None:
     out = strip_tool_blocks("".join(parts))
     assert not has_tool_call_syntax(out)
     assert "</tool_call>" not in out and "</tool_code>" not in out
+
+
+# ---- dialects: how a <tool_code> block is read ------------------------------------------------
+
+PRIOR_BLOCK = (
+    "<think>\nLet me look closer.</think>\n<tool_code>\n"
+    "crop_video(start_time=0, end_time=16)\n"
+    "crop_video(16, 32)\n"
+    'crop_video("v.mp4", "0:04", end_time="12s")\n'
+    "</tool_code>"
+)
+
+
+def windows(parsed) -> list[tuple[float, float] | str]:
+    return [
+        (p.call.arguments["start_time"], p.call.arguments["end_time"]) if p.ok else p.error
+        for p in parsed
+    ]
+
+
+def test_lines_dialect_reads_one_call_per_line_positional_or_keyword():
+    parsed = parse_tool_calls(PRIOR_BLOCK, max_calls=5, dialect="lines")
+    assert windows(parsed) == [(0.0, 16.0), (16.0, 32.0), (4.0, 12.0)]
+    assert [p.index for p in parsed] == [0, 1, 2]
+    assert parsed[1].raw == "crop_video(16, 32)"  # each call keeps its own line
+
+
+def test_the_default_dialect_is_unchanged_and_rejects_a_multi_line_block():
+    (parsed,) = parse_tool_calls(PRIOR_BLOCK, max_calls=5)
+    assert not parsed.ok and "neither JSON nor a call" in parsed.error
+    # one line, two positionals: (video_path, start_time) as before, so no window
+    (one,) = parse_tool_calls("<tool_code>crop_video(16, 32)</tool_code>")
+    assert one.ok and one.call.arguments == {"video_path": 16, "start_time": 32.0}
+
+
+def test_tool_call_dialect_answers_tool_code_with_an_error_and_runs_tool_call():
+    text = PRIOR_BLOCK + "\n" + call_block(1, 2)
+    code, json_call = parse_tool_calls(text, max_calls=5, dialect="tool_call")
+    assert not code.ok and "<tool_code> is not a tool call here" in code.error
+    assert "<tool_call>" in code.error  # it names the syntax to write instead
+    assert json_call.ok and json_call.call.arguments["end_time"] == 2.0
+
+
+def test_lines_dialect_on_hostile_blocks():
+    # junk lines fail alone; comments, blank lines and code fences are skipped
+    junk = "<tool_code>\n```python\n# crop\n\ncrop_video(1, 3)\nimport os\ncrop_video(\n```\n"
+    parsed = parse_tool_calls(junk + "</tool_code>", max_calls=9, dialect="lines")
+    assert [p.ok for p in parsed] == [True, False, False]
+    assert "neither JSON nor a call" in parsed[2].error
+    # unterminated: the block runs to the end of the text; nested tags split the blocks
+    unterminated = parse_tool_calls("<tool_code>\ncrop_video(1, 3)\ncrop_vi", dialect="lines")
+    assert [p.ok for p in unterminated] == [True, False]
+    nested = "<tool_code><tool_code>\ncrop_video(2, 4)\n</tool_code></tool_code>"
+    assert windows(parse_tool_calls(nested, dialect="lines"))[1:] == [(2.0, 4.0)]
+    assert "empty" in parse_tool_calls(nested, dialect="lines")[0].error
+    assert "empty" in parse_tool_calls("<tool_code>\n# x\n</tool_code>", dialect="lines")[0].error
+    # many calls: the cap applies per call, not per block
+    many = "<tool_code>\n" + "crop_video(1, 2)\n" * 400 + "</tool_code>"
+    capped = parse_tool_calls(many, max_calls=5, dialect="lines")
+    assert len(capped) == 400 and sum(p.ok for p in capped) == 5
+    assert capped[5].error == "call 6 ignored: at most 5 calls per turn"
+    # a block over the length limit is one error, not thousands of calls
+    huge = "<tool_code>\n" + "crop_video(1, 2)\n" * 2000 + "</tool_code>"
+    (too_long,) = parse_tool_calls(huge, dialect="lines")
+    assert "too long" in too_long.error
+
+
+def test_an_unknown_dialect_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="any, lines, tool_call"):
+        parse_tool_calls("x", dialect="python")
+    from paravt.agent.loop import AgentConfig
+
+    with pytest.raises(ValueError, match=r"rollout\.agent\.tool_dialect"):
+        AgentConfig(tool_dialect="code")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40))
+def test_no_input_makes_any_dialect_raise(parts: list[str]) -> None:
+    text = "".join(parts)
+    for dialect in ("lines", "tool_call"):
+        parsed = parse_tool_calls(text, max_calls=3, dialect=dialect)
+        assert all((p.call is None) != (p.error is None) for p in parsed)
+        assert [p.index for p in parsed] == list(range(len(parsed)))

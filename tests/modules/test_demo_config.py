@@ -96,3 +96,72 @@ def test_the_teacher_mix_crops_the_needle_or_answers_at_once(
         (lo, hi), *_ = s.windows
         seen = [ts for turn in t.turns for r in turn.results if r.ok for ts in r.frames.timestamps]
         assert any(lo <= ts < hi for ts in seen), (s.id, s.windows, seen)  # crops show it
+
+
+PRIOR_ARMS = ("paragrpo", "grpo", "anchoring_only", "gating_only", "no_tool_reward", "weak")
+
+
+@pytest.fixture(scope="module")
+def prior_arms():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return {
+            arm: compose("train", overrides=["run_dir=unused", f"experiment=demo_prior_{arm}"])
+            for arm in PRIOR_ARMS
+        }
+
+
+def test_every_paradox_arm_shapes_rewards_as_the_reference(prior_arms):
+    import torch
+
+    from paravt.rl.objective import AdvantageConfig, compute_advantages
+
+    for arm, cfg in prior_arms.items():
+        adv = instantiate(cfg.algorithm.advantage)
+        assert isinstance(adv, AdvantageConfig)
+        # the reference's _base.yaml (both recipes): reward_bias -0.2, reward_scaling 10,
+        # reward_clip 20 (AReaL's default), group then batch normalisation
+        assert (adv.shaping, adv.shaping_shift, adv.shaping_scale, adv.shaping_clip) == (
+            True, -0.2, 10.0, 20.0,
+        ), arm  # fmt: skip
+        assert adv.batch_norm, arm
+    # a correct tool answer (1 + 1 + 0.8), a correct direct one (1 + 1), a wrong direct one
+    # (0 + 0.8), nothing: (R - 0.2) x 10 = 26 -> 20, 18, 6, -2
+    from paravt.rl.advantages import shape_rewards
+
+    shaped = shape_rewards(torch.tensor([2.8, 2.0, 0.8, 0.0]), 10.0, -0.2, 20.0)
+    assert shaped.tolist() == pytest.approx([20.0, 18.0, 6.0, -2.0])
+    # the clip leaves the tool answer 2 above the direct one instead of 8
+    raw = compute_advantages(torch.tensor([[2.8, 2.0, 0.8, 0.0]]), AdvantageConfig())
+    shaped_adv = compute_advantages(torch.tensor([[2.8, 2.0, 0.8, 0.0]]), adv).values
+    assert raw.values[0] - raw.values[1] > 2 * (shaped_adv[0] - shaped_adv[1])
+
+
+def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
+    from paravt.run.build import prior_key_parts
+    from paravt.run.prior import stages_key
+
+    keys = {
+        arm: stages_key(instantiate(cfg.prior), prior_key_parts(cfg))
+        for arm, cfg in prior_arms.items()
+    }
+    assert len({keys[arm] for arm in PRIOR_ARMS if arm != "weak"}) == 1
+    assert keys["weak"] != keys["paragrpo"]
+    weak, para, grpo = prior_arms["weak"], prior_arms["paragrpo"], prior_arms["grpo"]
+    assert (weak.prior.steps, weak.prior.tool_share) == (para.prior.steps, 0.0)
+    assert (para.prior.steps, para.prior.tool_share) == (300, 0.8)
+    budgets = list(para.prior.budgets)
+    assert {k: budgets.count(k) for k in set(budgets)} == {2: 2, 4: 2, 16: 1}
+    assert 20 <= para.cold_start.steps <= 50
+    for cfg in prior_arms.values():
+        assert (cfg.rollout.crop.sample_fps, cfg.rollout.crop.max_frames) == (1.0, 16)
+        assert cfg.rollout.agent.tool_dialect == "tool_call"
+        assert (cfg.rollout.group_size, cfg.data.batch_size, cfg.trainer.max_steps) == (8, 4, 60)
+    # vanilla GRPO: the reference's vanilla recipe, no think prefix, default format credits
+    assert not grpo.rollout.agent.force_think and not grpo.reward.answer_suffix
+    assert para.rollout.agent.force_think and para.reward.answer_suffix
+
+
+def test_the_default_demo_keeps_its_crops_and_dialect(demo_cfg):
+    assert (demo_cfg.rollout.crop.sample_fps, demo_cfg.rollout.crop.max_frames) == (0.5, 8)
+    assert demo_cfg.rollout.agent.tool_dialect == "any"
+    assert demo_cfg.get("prior") is None

@@ -7,7 +7,9 @@ import math
 import pytest
 
 
-def _run(root, name: str, f_tau: list[float], kappa: list[float], reversion: float = 0.0):
+def _run(
+    root, name: str, f_tau: list[float], kappa: list[float], reversion: float = 0.0, ruler=True
+):
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / name
@@ -15,9 +17,12 @@ def _run(root, name: str, f_tau: list[float], kappa: list[float], reversion: flo
     (run / ".hydra" / "config.yaml").write_text(f"seed: 0\nname: {name}\nrun_dir: x\n")
     writer = SummaryWriter(str(run / "tb" / "version_0"))
     for step, (f, k) in enumerate(zip(f_tau, kappa, strict=True), start=1):
-        writer.add_scalar("f_tau", f, step)
+        if ruler:  # a run logged before the one ruler existed has f_tau alone
+            writer.add_scalar("f_tau_ruler", f, step)
+            writer.add_scalar("f_tau_anchor", 0.7, step)
+            writer.add_scalar("tag_reversion", reversion, step)
+        writer.add_scalar("f_tau", min(1.0, f + 0.2), step)  # the arm's own R_fmt
         writer.add_scalar("kappa", k, step)
-        writer.add_scalar("drift/tag_reversion", reversion, step)
         writer.add_scalar("drift/dropped_any", 0.5 * reversion, step)
     writer.close()
     return run
@@ -50,19 +55,24 @@ def test_report_table_and_figure(tmp_path, capsys):
         # vanilla GRPO: kappa collapses, one seed reverts tags
         _run(tmp_path, "demo_prior_grpo_seed0", [0.5, 0.6, 0.6, 0.6], [2.0, 1.0, 0.0, 0.0], 0.25),
         _run(tmp_path, "demo_prior_grpo_seed1", [0.5, 0.7, 0.8, 0.8], [2.0, 1.0, 1.0, 0.0]),
-        _run(tmp_path, "demo_prior_paragrpo_seed0", [0.5, 0.9, 0.9, 0.9], [2.0, 2.0, 2.0, 2.0]),
+        _run(tmp_path, "demo_prior_paragrpo_seed0", [0.5, 0.9, 0.9, 0.9], [2.0] * 4, ruler=False),
     ]
     out = tmp_path / "fig.png"
     assert main([*map(str, runs), "--out", str(out), "--last", "2"]) == 0
     text = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
-    # cold start: first steps of all three runs: f_tau 0.5 (se 0), kappa 2.0
+    # cold start: first steps of all three runs: ruler 0.5 (the two that logged it), kappa 2.0
     assert "| 3 | 0.13 | 0.500 +- 0.000 | 2.50 | 2.000 +- 0.000 |" in rows["after cold start"]
     # GRPO, last 2 steps: seed means f_tau 0.6 and 0.8 -> 0.7 +- 0.1; kappa 0 and 0.5 -> 0.25
     grpo = rows["vanilla GRPO"]
     assert "| 2 | 0.13 | 0.700 +- 0.100 | 0.02 | 0.250 +- 0.250 |" in grpo
-    assert "0.125 +- 0.125" in grpo  # tag reversion 0.25 and 0 over the two seeds
-    assert "| 1 | 0.41 | 0.900 +- 0.000 | 0.21 | 2.000 +- 0.000 |" in rows["PARA-GRPO"]
+    # tag reversion 0.25 and 0 over the two seeds; own R_fmt 0.8 and 1.0; anchor term 0.7
+    assert "| 0.125 +- 0.125 | 0.900 +- 0.100 | 0.700 +- 0.000 |" in grpo
+    # a run without the ruler: its own R_fmt is shown, the ruler is not made up
+    assert (
+        "| 1 | 0.41 | n/a | 0.21 | 2.000 +- 0.000 | n/a | 1.000 +- 0.000 | n/a |"
+        in rows["PARA-GRPO"]
+    )
     assert "weak prior" not in text  # only arms that ran get a row
     img = Image.open(out)
     assert img.size == (1280, 400)  # two 640 x 400 panels

@@ -14,9 +14,46 @@ def test_prior_dialect_rewrites_calls_into_tool_code():
     turn = f"The frames are too sparse.</think>\n{call_text(0, 16)}\n{call_text(16, 32.0)}"
     out = prior_dialect(turn)
     assert "<tool_call>" not in out
-    assert out.endswith("<tool_code>\ncrop_video(0, 16)\ncrop_video(16, 32.0)\n</tool_code>")
+    lines = "crop_video(start_time=0, end_time=16)\ncrop_video(start_time=16, end_time=32.0)"
+    assert out.endswith(f"<tool_code>\n{lines}\n</tool_code>")
     answer = "Enough.</think>\n<answer>B</answer>"
     assert prior_dialect(answer) == answer  # no call: unchanged
+
+
+def test_the_prior_corpus_parses_and_every_call_returns_frames(tiny_qwen3_dir, needle_samples):
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.tools import CropConfig
+    from paravt.rl.metrics import reversions
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.run.prior import prior_trajectories
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    # the RL agent of the paradox arms: <tool_code> refused, vanilla's think prefix off; the
+    # corpus is traced with the prior's own dialect and the think prefix all the same
+    rl = AgentConfig(max_rounds=2, system="compact", tool_dialect="tool_call", force_think=False)
+    crop = CropConfig(sample_fps=1.0, max_frames=16)
+    engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl, crop)
+    cfg = PriorConfig(steps=1, tool_share=0.8, budgets=(2, 4, 16))
+    trajs = prior_trajectories(agent, needle_samples, cfg)
+    assert [t.frame_budget for t in trajs] == [2, 4, 16, 2]  # cycled
+    tools = [t for t in trajs if t.num_calls]
+    assert len(tools) == 3  # 0.8 of 4 samples, rounded (teacher_plan)
+    for traj in tools:
+        first, answer = traj.turns
+        assert "<tool_code>\ncrop_video(start_time=" in first.text
+        assert traj.num_valid_calls == traj.num_calls == traj.num_tool_responses >= 1
+        for result in first.results:  # 1 fps, at most 16 frames per crop
+            start, end = result.window
+            assert len(result.frames.indices) == min(16, max(2, int(end - start)))
+        assert reversions(traj) == 1
+        sample = next(s for s in needle_samples if s.id == traj.sample_id)
+        assert answer.text.endswith(f"<answer>{sample.answer}</answer>")
+    assert all(turn.text.startswith("<think>") for t in trajs for turn in t.turns)
 
 
 def test_prior_config_checks_and_cache_key():
@@ -66,7 +103,8 @@ def test_prior_stage_teaches_the_dialect_greedily(tiny, needle_samples):
     model, processor = tiny
     agent = _agent(processor, model)
     greedy = SamplingParams(64, greedy=True)
-    prior_call = "<tool_code>\ncrop_video("  # the prior's tag AND its call syntax
+    # the prior's tag AND the start of its call line (40 steps do not spell every call right)
+    prior_call = "<tool_code>\ncrop_"
 
     def texts() -> list[str]:
         trajs = agent.run(needle_samples, [4] * len(needle_samples), 1, greedy)
