@@ -9,6 +9,10 @@ STAMP := $(VENV)/.paravt-installed
 # -qq: pip's warnings (resolver notes, script locations) are not the user's business; errors show.
 PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
 VLLM_VENV ?= .venv-vllm
+# Test workers (pytest-xdist): a test file stays on one worker, so its module fixtures (a vLLM
+# engine or server, a tiny checkpoint) are built once; two fill CI's two cores.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.paravt-installed
 VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
@@ -51,11 +55,11 @@ lint: $(STAMP)
 
 # Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
 test: lint $(VSTAMP)
-	$(PY) -m pytest -q -m 'not gpu and not vllm'
+	$(PY) -m pytest -q $(XDIST) -m 'not gpu and not vllm'
 	$(MAKE) test-vllm
 
 test-vllm: $(VSTAMP)
-	$(VLLM_ENV) $(VPY) -m pytest -q -m 'vllm and not gpu' -p no:cacheprovider
+	$(VLLM_ENV) $(VPY) -m pytest -q $(XDIST) -m 'vllm and not gpu' -p no:cacheprovider
 
 # The embedded default: PARA-GRPO on CPU with a tiny local Qwen3-VL and synthetic needle videos.
 demo: $(STAMP)
