@@ -163,7 +163,8 @@ def test_missing_video_is_wrong_reported_and_not_run(needle4, make_loop, tmp_pat
     assert engine.requests == 1  # only the item whose video exists
     records = {r["id"]: r for r in map(json.loads, lines(tmp_path / "out" / PREDICTIONS))}
     missing = records[items[1].sample.id]
-    assert missing["video_missing"] and missing["score"] == {"accuracy": 0.0}
+    assert missing["video_missing"]
+    assert missing["score"] == {"accuracy": 0.0, "lmms_eval/accuracy": 0.0}
     assert missing["finish_reason"] == "skipped"
     assert metrics["missing_videos"] == 1 and metrics["num_samples"] == 2
     # accuracy = (score of item 0 + 0) / 2
