@@ -108,3 +108,24 @@ def test_primary_scoring_swaps_the_names_and_the_table_shows_both():
     ]
     with pytest.raises(ValueError, match="official, lmms_eval"):
         primary_scoring(metrics, "lmms")
+
+
+def test_write_metrics_puts_the_chosen_scorer_first(write_parquet, touch, tmp_path):
+    import json
+
+    from paravt.eval.adapters import get_benchmark
+    from paravt.eval.runner import write_metrics
+
+    touch("ch/AAAAA.mp4")
+    rows = [{"video": "AAAAA.mp4", "caption": "person sits.", "timestamp": [12.0, 20.0]}]
+    bench = get_benchmark("charades")
+    items = bench.load(write_parquet(rows), str(tmp_path / "ch"))
+    score = bench.score(items[0], "[12.0, 16.0]")  # official IoU 0.5, lmms-eval's 0
+    records = {items[0].sample.id: {"score": score, "num_calls": 0}}
+    out = tmp_path / "out"
+    out.mkdir()
+    metrics = write_metrics(bench, items, records, str(out), scoring="lmms_eval")
+    assert metrics["miou"] == 0.0 and metrics["official/miou"] == 0.5
+    assert json.loads((out / "metrics.json").read_text())["metrics"] == metrics
+    table = (out / "results.md").read_text()
+    assert "| metric | lmms-eval 0.7.3 | official |" in table and "| miou | 0.0 | 50.0 |" in table
