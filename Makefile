@@ -8,6 +8,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.paravt-installed
 # -qq: pip's warnings (resolver notes, script locations) are not the user's business; errors show.
 PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
+# lmms-eval's task code, for the test that checks paravt's lmms-eval scorers against it
+# (tests/eval/test_lmms_eval_agreement.py): its wheel and loguru, without dependencies, in a
+# folder only that test puts on sys.path (lmms-eval's pins clash with paravt's; a few seconds).
+LMMS_EVAL_VERSION := 0.7.3
+LMMS_REF := .lmms-eval-ref
+LMMS_STAMP := $(LMMS_REF)/.installed-$(LMMS_EVAL_VERSION)
 VLLM_VENV ?= .venv-vllm
 # Test workers (pytest-xdist): a test file stays on one worker, so its module fixtures (a vLLM
 # engine or server, a tiny checkpoint) are built once; two fill CI's two cores.
@@ -20,7 +26,7 @@ VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
 VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
 	VLLM_ENABLE_V1_MULTIPROCESSING=0
 
-.PHONY: test test-vllm lint install venv-vllm demo
+.PHONY: test test-vllm lint install venv-vllm demo lmms-eval-ref
 
 $(STAMP): pyproject.toml
 	@echo "installing paravt into $(VENV) (first run only, about 2 min, quiet)"
@@ -49,12 +55,19 @@ $(VSTAMP): pyproject.toml tools/vllm_cpu_torchvision_fix.py
 
 venv-vllm: $(VSTAMP)
 
+$(LMMS_STAMP): $(STAMP)
+	rm -rf $(LMMS_REF)
+	$(PIP) install --no-deps --target $(LMMS_REF) lmms-eval==$(LMMS_EVAL_VERSION) loguru==0.7.3
+	touch $(LMMS_STAMP)
+
+lmms-eval-ref: $(LMMS_STAMP)
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
 # Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
-test: lint $(VSTAMP)
+test: lint $(VSTAMP) $(LMMS_STAMP)
 	$(PY) -m pytest -q $(XDIST) -m 'not gpu and not vllm'
 	$(MAKE) test-vllm
 

@@ -10,7 +10,10 @@ over to `paravt.eval.runner.run_benchmark` (predictions.jsonl, metrics.json, res
 stops with one line naming the problem and the fix. `-m ... mode=parallel,sequential,no_tool`
 prints one comparison table (`paravt.eval.compare`). `judge=openai` scores open-ended answers with
 an LLM judge (`paravt.eval.judging`); the judge's counts are printed, a fallback warned about, and
-`judge_max_fallback_share` can make it an error. Only `torch.no_grad` inference happens here.
+`judge_max_fallback_share` can make it an error. Every benchmark is scored by its official rules
+and by lmms-eval's (`paravt.eval.lmms_scoring`); the table shows both, `benchmark.scoring=
+official|lmms_eval` picks whose figures come first and take the plain metric names. Only
+`torch.no_grad` inference happens here.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from paravt.errors import UserError, check_model_path
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.judging import check_fallbacks, check_max_share, fallback_warning, judge_line
-from paravt.eval.results import check_run_identity, load_metrics
+from paravt.eval.results import check_run_identity, load_metrics, primary_scoring
 from paravt.eval.runner import (
     EvalConfig,
     build_agent_loop,
@@ -178,6 +181,8 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     spec = cfg.benchmark
     options = benchmark_options(cfg)
     benchmark = make_benchmark(spec.name, unparseable=spec.get("unparseable"), **options)
+    scoring = spec.get("scoring") or "official"
+    primary_scoring({}, scoring)  # a bad name fails before the model loads
     items, bad_rows = load_items(cfg, benchmark)
     identity = run_identity(cfg, protocol)
     out_dir = cfg.out_dir or default_out_dir(identity)
@@ -196,7 +201,16 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
         )
         try:
             metrics = run_benchmark(
-                benchmark, items, loop, out_dir, protocol, identity, bad_rows, cfg.fail_fast, judge
+                benchmark,
+                items,
+                loop,
+                out_dir,
+                protocol,
+                identity,
+                bad_rows,
+                cfg.fail_fast,
+                judge,
+                scoring,
             )
         finally:
             loop.executor.close()

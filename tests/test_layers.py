@@ -35,9 +35,11 @@ CORE = [
     "paravt.rollout.records",
     "paravt.rollout.engine",
     "paravt.eval.scoring",
+    "paravt.eval.lmms_scoring",
     "paravt.eval.adapters",
 ]
-FORBIDDEN = ("lightning", "hydra", "vllm", "decord", "pytorch_lightning")
+# lmms_eval: paravt reimplements its scoring (paravt.eval.lmms_scoring), never imports it
+FORBIDDEN = ("lightning", "hydra", "vllm", "decord", "pytorch_lightning", "lmms_eval")
 
 
 @pytest.mark.parametrize("module", CORE)

@@ -11,7 +11,10 @@ for open-ended (oe) rows, the training reward's open-ended score of the answer s
 exact match, else token F1, or, with a judge (`paravt.eval.judging`), the judge's 1 / 0.5 / 0
 (token F1 when it fails): the same quantity as the training reward's R_acc. The forced answer
 is the agent's generic one, since a needle split mixes letters and intervals. Report: accuracy
-overall and by family and question type, plus missing_videos and num_samples.
+overall and by family and question type, plus missing_videos and num_samples; beside them
+"lmms_eval/accuracy": lmms-eval's rules (`paravt.eval.lmms_scoring`; lmms-eval has no needle
+task): its shared letter extractor on the item's letters for mcq rows, its Charades-STA parser
+and IoU for tvg rows; oe rows have no lmms-eval rule and stay out of that figure.
 
 This module deliberately does not generate needle data nor run a model.
 """
@@ -25,12 +28,14 @@ from dataclasses import dataclass
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.data.datasets import load_rows
 from paravt.data.schemas import DataRowError, row_to_sample
-from paravt.eval import scoring
+from paravt.eval import lmms_scoring, scoring
 from paravt.eval.adapters.base import (
+    LMMS,
     AnnotationError,
     EvalItem,
     build_items,
     check_unique_ids,
+    lmms_means,
     summarize,
     take,
 )
@@ -75,16 +80,25 @@ class NeedleBenchmark:
         return check_unique_ids(load_needle(annotations, video_root, limit), annotations)
 
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
-        if item.video_missing:
-            return {"accuracy": 0.0}
         sample = item.sample
+        if item.video_missing:
+            return (
+                {"accuracy": 0.0}
+                if sample.question_type == "oe"
+                else {"accuracy": 0.0, LMMS_ACC: 0.0}
+            )
         if sample.question_type == "tvg":
             gold = sample.windows[0] if sample.windows else (0.0, 0.0)
-            return {"accuracy": scoring.score_grounding(response, gold)["iou"]}
+            return {
+                "accuracy": scoring.score_grounding(response, gold)["iou"],
+                LMMS_ACC: lmms_scoring.charades_iou(response, gold),
+            }
         if sample.question_type == "oe":
             return {"accuracy": accuracy_reward(extract_answer(response), sample.answer, "oe")}
+        letters = scoring.option_letters(len(sample.options))
         return {
-            "accuracy": scoring.score_choice(response, sample.answer, sample.options)["correct"]
+            "accuracy": scoring.score_choice(response, sample.answer, sample.options)["correct"],
+            LMMS_ACC: float(lmms_scoring.mcq_correct(response, sample.answer, letters)),
         }
 
     def judge_query(self, item: EvalItem, response: str) -> tuple[str, str, str] | None:
@@ -101,7 +115,11 @@ class NeedleBenchmark:
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
     ) -> dict[str, float]:
-        return summarize(items, scores, {"accuracy": "accuracy"})
+        metrics = summarize(items, scores, {"accuracy": "accuracy"})
+        return {**metrics, **lmms_means(items, scores, LMMS_ACC, LMMS_ACC)}
+
+
+LMMS_ACC = LMMS + "accuracy"
 
 
 def needle() -> NeedleBenchmark:

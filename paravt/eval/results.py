@@ -6,6 +6,10 @@
 - `run_config.json`: the run identity (benchmark, model path, annotation file, engine, mode,
   protocol). Resuming into an out_dir written under another identity is refused with a message
   naming what changed, so a second model never inherits the first one's predictions.
+- Two scorers' figures: the official rule's under plain names ("accuracy", "miou") and lmms-eval's
+  beside them ("lmms_eval/accuracy"); `primary_scoring(metrics, "lmms_eval")` swaps them (the
+  official ones then under "official/..."). The tables show the pairs side by side, the chosen
+  scorer first.
 - `metrics.json` ({"run": identity, "metrics": {...}, "problems": [...]}, plus "judge": the LLM
   judge's counts when the benchmark has open-ended items or a judge was configured) and
   `results.md` (the same header and judge line, the metrics table and the list of missing /
@@ -23,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from paravt.eval.judging import judge_line
+from paravt.eval.lmms_scoring import LMMS_EVAL_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,52 @@ COUNTS = (
     "judge_scored",
     "judge_fallbacks",
 )
+
+
+SCORINGS = ("official", "lmms_eval")  # benchmark.scoring: whose figures take the plain names
+_PREFIX = {"official": "official/", "lmms_eval": "lmms_eval/"}
+_TITLE = {"official": "official", "lmms_eval": f"lmms-eval {LMMS_EVAL_VERSION}"}
+
+
+def primary_scoring(metrics: Mapping[str, float], scoring: str) -> dict[str, float]:
+    """`metrics` (official figures plain, lmms-eval's under "lmms_eval/") with `scoring`'s
+    figures under the plain names and the other scorer's under its prefix."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"benchmark.scoring={scoring!r}: choose one of {', '.join(SCORINGS)}")
+    if scoring == "official":
+        return dict(metrics)
+    lmms = _PREFIX["lmms_eval"]
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith(lmms):
+            out[key[len(lmms) :]] = value
+            if key[len(lmms) :] in metrics:
+                out[_PREFIX["official"] + key[len(lmms) :]] = metrics[key[len(lmms) :]]
+        elif lmms + key not in metrics:
+            out[key] = value
+    return out
+
+
+def scorer_columns(metrics: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(title, key prefix) of the value columns: the plain names' scorer first, then the other
+    one's when `metrics` has its figures ([("value", "")] for one scorer)."""
+    for other in SCORINGS:
+        if any(k.startswith(_PREFIX[other]) for k in metrics):
+            first = next(s for s in SCORINGS if s != other)
+            return [(_TITLE[first], ""), (_TITLE[other], _PREFIX[other])]
+    return [("value", "")]
+
+
+def metric_rows(metrics: Mapping[str, float]) -> tuple[list[str], list[list[str]]]:
+    """(titles, rows) of the metrics table: one row per metric name, one column per scorer."""
+    columns = scorer_columns(metrics)
+    prefixes = [p for _, p in columns if p]
+    names = sorted({next((k[len(p) :] for p in prefixes if k.startswith(p)), k) for k in metrics})
+    rows = []
+    for name in names:
+        cells = [metrics.get(prefix + name) for _, prefix in columns]
+        rows.append([name] + ["" if v is None else format_value(name, v) for v in cells])
+    return ["metric"] + [title for title, _ in columns], rows
 
 
 def read_predictions(path: str) -> dict[str, dict[str, Any]]:
@@ -131,10 +182,15 @@ def format_value(key: str, value: float) -> str:
 
 
 def format_metrics(name: str, metrics: Mapping[str, float]) -> str:
-    """A two-column plain-text table of `metrics`, fractions shown as percentages."""
-    width = max([len(k) for k in metrics] + [6])
-    lines = [f"== {name} ==", f"{'metric':<{width}}  value"]
-    lines += [f"{k:<{width}}  {format_value(k, metrics[k])}" for k in sorted(metrics)]
+    """A plain-text table of `metrics`, fractions shown as percentages: one value column, or one
+    per scorer (`metric_rows`)."""
+    titles, rows = metric_rows(metrics)
+    widths = [max(len(r[i]) for r in [titles, *rows]) for i in range(len(titles))]
+    widths[0] = max(widths[0], 6)
+    lines = [f"== {name} =="]
+    for row in [titles, *rows]:
+        cells = [f"{c:<{w}}" for c, w in zip(row, widths, strict=True)]
+        lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
@@ -162,8 +218,9 @@ def write_results(
     lines += markdown_header(identity)
     if judge is not None:
         lines.append(f"- {judge_line(judge)}")
-    lines += ["", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {format_value(k, metrics[k])} |" for k in sorted(metrics)]
+    titles, rows = metric_rows(metrics)
+    lines += ["", "| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     if issues:
         lines += ["", f"## Problems ({len(issues)})", ""] + [f"- {p}" for p in issues]
     with open(os.path.join(out_dir, RESULTS), "w", encoding="utf-8") as handle:

@@ -37,6 +37,7 @@ from paravt.eval.results import (
     append_predictions,
     check_run_identity,
     format_metrics,
+    primary_scoring,
     problems,
     read_predictions,
     write_results,
@@ -153,10 +154,13 @@ def run_benchmark(
     bad_rows: Sequence[str] = (),
     fail_fast: bool = False,
     judge: LLMJudge | None = None,
+    scoring: str = "official",
 ) -> dict[str, float]:
     """Evaluate `items` (resuming from `out_dir/predictions.jsonl`); returns and writes metrics.
     `identity` (model, annotations, engine, mode) is merged with the benchmark and protocol;
-    `judge` scores open-ended answers (`paravt.eval.judging`)."""
+    `judge` scores open-ended answers (`paravt.eval.judging`); `scoring` names whose figures
+    take the plain metric names (`paravt.eval.results.primary_scoring`; both are reported)."""
+    primary_scoring({}, scoring)  # a bad name fails before the model runs
     if agent_loop.cfg.forced_answer != benchmark.forced_answer:
         raise ValueError(
             f"the agent loop's forced-answer message is not benchmark {benchmark.name!r}'s; "
@@ -184,7 +188,7 @@ def run_benchmark(
         records = _run_batch(benchmark, batch, agent_loop, cfg, fail_fast, judge)
         append_predictions(path, records)
         done.update((r["id"], r) for r in records)
-    return write_metrics(benchmark, items, done, out_dir, run_id, bad_rows, judge)
+    return write_metrics(benchmark, items, done, out_dir, run_id, bad_rows, judge, scoring)
 
 
 def write_metrics(
@@ -195,10 +199,12 @@ def write_metrics(
     identity: Mapping[str, Any] | None = None,
     bad_rows: Sequence[str] = (),
     judge: LLMJudge | None = None,
+    scoring: str = "official",
 ) -> dict[str, float]:
     """The benchmark's report over `items` from their records, plus tool-use and error counts
-    and, with open-ended items or a judge, the judge's counts (metrics.json's "judge" entry);
-    metrics.json and results.md are written, the problems logged."""
+    and, with open-ended items or a judge, the judge's counts (metrics.json's "judge" entry),
+    `scoring`'s figures under the plain names; metrics.json and results.md are written, the
+    problems logged."""
     chosen = [records[i.sample.id] for i in items]
     metrics = benchmark.report(list(items), [r["score"] for r in chosen])
     metrics["tool_calls_per_sample"] = sum(r["num_calls"] for r in chosen) / max(1, len(chosen))
@@ -206,6 +212,9 @@ def write_metrics(
     metrics["bad_rows"] = float(len(bad_rows))
     judged = judge_report(benchmark, items, [r["score"] for r in chosen], judge)
     metrics.update(judge_metrics(judged))
+    if scoring != "official" and not any(k.startswith("lmms_eval/") for k in metrics):
+        log.warning("%s has no lmms-eval scorer: its figures are the official ones", benchmark.name)
+    metrics = primary_scoring(metrics, scoring)
     issues = problems(chosen, bad_rows)
     for line in issues[:20]:
         log.warning("%s", line)

@@ -50,6 +50,18 @@ def test_scores_and_report(parquet_items):
     assert report["missing_videos"] == 1.0 and report["num_samples"] == 4.0
 
 
+def test_lmms_eval_figures_beside_the_official_ones(parquet_items):
+    bench, items = parquet_items
+    responses = ["[10.0, 15.0]", "from 0 to 8 seconds", "0:05-0:09", "1.0 - 2.0"]
+    scores = [bench.score(it, r) for it, r in zip(items, responses, strict=True)]
+    # lmms-eval's parser reads no bracketed pair and turns "to" into a dash
+    assert scores[0]["iou"] == pytest.approx(0.3)
+    assert [s["lmms_eval/iou"] for s in scores] == pytest.approx([0.0, 0.8, 1.0, 0.0])
+    report = bench.report(items, scores)
+    assert report["lmms_eval/miou"] == pytest.approx(0.45)
+    assert report["lmms_eval/r@0.7"] == 0.5 and report["lmms_eval/r@0.3"] == 0.5
+
+
 def test_txt_format(tmp_path, touch):
     touch("ch/3MSZA.mp4")
     ann = tmp_path / "charades_sta_test.txt"

@@ -88,10 +88,16 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
     assert metrics["num_samples"] == 2 and metrics["missing_videos"] == 0
     accuracy = sum(r["score"]["accuracy"] for r in records) / 2
     assert metrics["accuracy"] == pytest.approx(accuracy)
-    # The printed table carries the same numbers (fractions as percentages).
+    # lmms-eval's figure beside it, from the per-item scores predictions.jsonl keeps
+    lmms = sum(r["score"]["lmms_eval/accuracy"] for r in records) / 2
+    assert metrics["lmms_eval/accuracy"] == pytest.approx(lmms)
+    # The printed table carries the same numbers (fractions as percentages), official first.
     assert "== needle (parallel) ==" in run.stdout
-    row = next(line for line in run.stdout.splitlines() if line.startswith("accuracy "))
-    assert row.split()[-1] == f"{100 * accuracy:.1f}"
+    lines = run.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("metric "))
+    assert header.split(None, 1)[1].split() == ["official", "lmms-eval", "0.7.3"]
+    row = next(line for line in lines if line.startswith("accuracy "))
+    assert row.split()[1:] == [f"{100 * accuracy:.1f}", f"{100 * lmms:.1f}"]
     table = {line.split()[0]: line.split()[-1] for line in run.stdout.splitlines() if line}
     assert table["num_samples"] == "2" and str(out_dir) in run.stdout
 

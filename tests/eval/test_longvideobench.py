@@ -49,6 +49,11 @@ def test_parquet_na_options_gold_letters_and_report(write_parquet, touch, tmp_pa
     assert report["accuracy/duration_group=3600"] == 0.0
     assert report["accuracy/question_category=T3O"] == 0.5
     assert report["missing_videos"] == 1.0
+    # lmms-eval: the first capital A-E ("A" of "Answer"), a random guess when there is none
+    first, second = bench.score(items[0], "I am not sure."), bench.score(items[1], "Answer: E")
+    assert first["correct"] == 0.0 and first["lmms_eval/guessed"] == 1.0
+    assert second["correct"] == 1.0 and second["lmms_eval/correct"] == 0.0
+    assert report["lmms_eval/accuracy"] == pytest.approx(0.33333)  # rounded to 5 decimals
 
 
 def test_json_candidates_variant(write_json, tmp_path):

@@ -43,6 +43,10 @@ def test_inline_options_parsed_and_multilabel_report(write_parquet, touch, tmp_p
     assert report["accuracy/question_type=reasoning"] == 0.5
     assert report["accuracy/question_type=entity recognition"] == 1.0
     assert report["accuracy/question_type=summarization"] == 0.0
+    # lmms-eval reads capitals only: "b" is nothing there
+    lower = [bench.score(it, "b") for it in items[:1]]
+    assert lower[0]["correct"] == 1.0 and lower[0]["lmms_eval/correct"] == 0.0
+    assert report["lmms_eval/accuracy"] == pytest.approx(1 / 3)
 
 
 def test_nested_meta_file(write_json, touch, tmp_path):

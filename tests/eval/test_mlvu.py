@@ -40,6 +40,9 @@ def test_letter_and_text_answers_and_m_avg(write_parquet, touch, tmp_path):
     assert report["accuracy"] == 0.75
     assert report["accuracy/task_type=count"] == pytest.approx(2 / 3)
     assert report["m_avg"] == pytest.approx(5 / 6)
+    # lmms-eval: "two" reads as nothing (no capital); its M-Avg divides by all 7 dev task types
+    assert report["lmms_eval/accuracy"] == 0.5
+    assert report["lmms_eval/m_avg"] == pytest.approx((2 / 3 + 0) / 7)
 
 
 def test_unknown_answer_raises(write_json, tmp_path):

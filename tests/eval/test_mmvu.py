@@ -42,6 +42,11 @@ def test_filter_paths_disciplines_and_report(write_json, touch, tmp_path):
     assert report["accuracy/discipline=Science"] == 1.0
     assert report["accuracy/discipline=Healthcare"] == 0.0
     assert report["missing_videos"] == 2.0 and report["num_samples"] == 3.0
+    # lmms-eval counts only its 27 subject folders: Mechanics 1, Clinical_Medicine 0 -> 1/2
+    assert [s["lmms_eval/correct"] for s in scores] == [1.0, 0.0, 0.0]
+    assert report["lmms_eval/accuracy"] == 0.5
+    # and credits the gold option's text anywhere in the answer, in any case ("Hooke", B)
+    assert bench.score(items[0], "HOOKE's law")["lmms_eval/correct"] == 1.0
     # limit counts kept (multiple-choice) rows.
     assert len(bench.load(write_json(rows), str(tmp_path), limit=2)) == 2
 

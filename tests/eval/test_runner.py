@@ -163,7 +163,8 @@ def test_missing_video_is_wrong_reported_and_not_run(needle4, make_loop, tmp_pat
     assert engine.requests == 1  # only the item whose video exists
     records = {r["id"]: r for r in map(json.loads, lines(tmp_path / "out" / PREDICTIONS))}
     missing = records[items[1].sample.id]
-    assert missing["video_missing"] and missing["score"] == {"accuracy": 0.0}
+    assert missing["video_missing"]
+    assert missing["score"] == {"accuracy": 0.0, "lmms_eval/accuracy": 0.0}
     assert missing["finish_reason"] == "skipped"
     assert metrics["missing_videos"] == 1 and metrics["num_samples"] == 2
     # accuracy = (score of item 0 + 0) / 2
@@ -184,7 +185,8 @@ def test_undecodable_video_is_recorded_and_the_batch_goes_on(needle4, make_loop,
     loop, engine = make_loop()
     metrics = run_benchmark(bench, items, loop, str(tmp_path / "out"), FAST)
     records = [json.loads(x) for x in lines(tmp_path / "out" / PREDICTIONS)]
-    assert "bad.mp4" in records[0]["error"] and records[0]["score"] == {"accuracy": 0.0}
+    assert "bad.mp4" in records[0]["error"]
+    assert records[0]["score"] == {"accuracy": 0.0, "lmms_eval/accuracy": 0.0}
     assert records[1]["error"] is None and records[1]["answer"].startswith("<think>")
     assert engine.requests == 1  # the batch of 2 failed before generating; item 1 alone ran
     assert metrics["video_errors"] == 1 and metrics["missing_videos"] == 0
@@ -210,15 +212,20 @@ def test_needle_scores_letters_and_intervals(needle4):
     items = bench.load(str(needle4 / "eval.jsonl"), "")
     mcq = next(i for i in items if i.sample.question_type == "mcq")
     wrong = next(x for x in "ABCD"[: len(mcq.sample.options)] if x != mcq.sample.answer)
-    assert bench.score(mcq, f"<answer>{mcq.sample.answer}</answer>") == {"accuracy": 1.0}
-    assert bench.score(mcq, f"<answer>{wrong}</answer>") == {"accuracy": 0.0}
+    right = {"accuracy": 1.0, "lmms_eval/accuracy": 1.0}
+    assert bench.score(mcq, f"<answer>{mcq.sample.answer}</answer>") == right
+    assert bench.score(mcq, f"<answer>{wrong}</answer>") == {"accuracy": 0.0, **LMMS_WRONG}
     tvg = replace(items[0].sample, question_type="tvg", windows=((10.0, 20.0),))
     item = replace(items[0], sample=tvg)
     # [15, 25] vs [10, 20]: intersection 5, span 25 - 10 = 15 -> 1/3
-    assert bench.score(item, "<answer>[15, 25]</answer>")["accuracy"] == pytest.approx(1 / 3)
-    assert bench.score(replace(item, video_missing=True), "<answer>[10, 20]</answer>") == {
-        "accuracy": 0.0
-    }
+    scores = bench.score(item, "<answer>[15, 25]</answer>")
+    assert scores["accuracy"] == pytest.approx(1 / 3)
+    assert scores["lmms_eval/accuracy"] == 0.0  # lmms-eval's Charades-STA parser: no pair
+    missing = bench.score(replace(item, video_missing=True), "<answer>[10, 20]</answer>")
+    assert missing == {"accuracy": 0.0, **LMMS_WRONG}
+
+
+LMMS_WRONG = {"lmms_eval/accuracy": 0.0}
 
 
 def test_needle_malformed_row_names_the_file(tmp_path):

@@ -80,6 +80,30 @@ def test_score_and_report_by_group(videomme_files):
     assert report["missing_videos"] == 1.0 and report["num_samples"] == 4.0
 
 
+def test_lmms_eval_figures_beside_the_official_ones(videomme_files):
+    ann, root = videomme_files
+    responses = ["a", "The answer is not A, it is B.", "<think>D</think>C", "D"]
+    bench = get_benchmark("videomme")
+    items = bench.load(ann, root)
+    scores = [bench.score(it, r) for it, r in zip(items, responses, strict=True)]
+    # lmms-eval reads capitals only and takes B after "answer is"; the official rule reads "a"
+    # and declines two letters without an answer phrase naming one
+    assert [s["correct"] for s in scores] == [1.0, 0.0, 1.0, 0.0]
+    assert [s["lmms_eval/correct"] for s in scores] == [0.0, 1.0, 1.0, 0.0]
+    report = bench.report(items, scores)
+    assert report["accuracy"] == 0.5 and report["lmms_eval/accuracy"] == 0.5
+    assert report["accuracy/task_type=OCR"] == 0.0
+    assert report["lmms_eval/accuracy/task_type=OCR"] == 1.0
+    # the official denominator (unparseable answers excluded) leaves lmms-eval's figure alone
+    from paravt.eval.runner import make_benchmark
+
+    excluding = make_benchmark("videomme", unparseable="exclude")
+    scores = [excluding.score(it, r) for it, r in zip(items, responses, strict=True)]
+    report = excluding.report(items, scores)
+    assert report["accuracy"] == pytest.approx(2 / 3) and report["excluded"] == 1.0
+    assert report["lmms_eval/accuracy"] == 0.5
+
+
 def test_subtitles_prefix_all_text_and_font_tags(videomme_files, tmp_path):
     ann, root = videomme_files
     subs = tmp_path / "subs"

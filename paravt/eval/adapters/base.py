@@ -6,6 +6,10 @@ strictly: a missing or mistyped field raises `AnnotationError` naming the file, 
 field, because docs/benchmarks.md infers some fields and a silent default would corrupt a reported
 number. A missing video is not an error: the item is kept, flagged, scored wrong and counted.
 
+Every item is scored twice: by the benchmark's official rule (`paravt.eval.scoring`) and by
+lmms-eval's (`paravt.eval.lmms_scoring`, its keys prefixed `LMMS`: "lmms_eval/correct"), so
+predictions.jsonl keeps both and a report carries both figures ("accuracy", "lmms_eval/accuracy").
+
 This module deliberately does not decode video, run a model or know any one benchmark's schema.
 """
 
@@ -21,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from paravt.data.datasets import DataFileError, load_rows
-from paravt.eval import scoring
+from paravt.eval import lmms_scoring, scoring
 from paravt.eval.metrics import CategoryMean
 from paravt.types import Sample
 
@@ -250,6 +254,48 @@ def summarize(
     return metrics
 
 
+# ------------------------------------------------------------------ lmms-eval's figures
+
+LMMS = "lmms_eval/"  # the prefix of lmms-eval's per-item scores and reported figures
+LMMS_CORRECT = LMMS + "correct"
+LMMS_RULES = ("mcq", "longvideobench", "mmvu")  # paravt.eval.lmms_scoring's multiple-choice rules
+LmmsSummary = Callable[[Sequence[EvalItem], Sequence[float]], dict[str, float]]
+
+
+def lmms_choice_score(rule: str, sample: Sample, response: str) -> dict[str, float]:
+    """lmms-eval's per-item result under `rule` (one of `LMMS_RULES`): {"lmms_eval/correct"}, and
+    for LongVideoBench whether the letter was a random guess ("lmms_eval/guessed")."""
+    if rule == "longvideobench":
+        letter, guessed = lmms_scoring.longvideobench_letter(
+            response, len(sample.options), key=sample.id
+        )
+        return {LMMS_CORRECT: float(letter == sample.answer), LMMS + "guessed": float(guessed)}
+    if rule == "mmvu":
+        choices = dict(zip(scoring.LETTERS, sample.options, strict=False))
+        return {LMMS_CORRECT: float(lmms_scoring.mmvu_correct(response, sample.answer, choices))}
+    return {LMMS_CORRECT: float(lmms_scoring.mcq_correct(response, sample.answer))}
+
+
+def lmms_means(
+    items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]], key: str, name: str
+) -> dict[str, float]:
+    """`name` and `name/<group>=<label>`: plain means of `score[key]` over the items that have it
+    (no exclusion policy: lmms-eval has none); {} when none has it (an older predictions file)."""
+    pairs = [(item, float(s[key])) for item, s in zip(items, scores, strict=True) if key in s]
+    if not pairs:
+        return {}
+    categories, labels = category_labels([item for item, _ in pairs])
+    metric = CategoryMean(categories)
+    metric.update(torch.tensor([v for _, v in pairs]), labels)
+    result = metric.compute()
+    return {name: result.pop("overall"), **{f"{name}/{c}": v for c, v in result.items()}}
+
+
+def lmms_accuracy(items: Sequence[EvalItem], correct: Sequence[float]) -> dict[str, float]:
+    """Video-MME's and LVBench's lmms-eval figure: the plain accuracy."""
+    return {LMMS + "accuracy": lmms_scoring.accuracy(correct)}
+
+
 @dataclass(frozen=True)
 class MultipleChoiceBenchmark:
     """A multiple-choice benchmark: `loader` reads its schema, scoring is shared."""
@@ -260,6 +306,8 @@ class MultipleChoiceBenchmark:
     headline: HeadlineFn = _no_headline
     forced_answer_max_tokens: int | None = 64  # docs/benchmarks.md: a letter, <= 64 tokens
     unparseable: str = "wrong"  # scoring.UNPARSEABLE_POLICIES: wrong | exclude | random
+    lmms_rule: str = "mcq"  # LMMS_RULES: lmms-eval's per-item rule for this benchmark
+    lmms_summary: LmmsSummary = lmms_accuracy  # lmms-eval's aggregation of its per-item results
 
     def __post_init__(self) -> None:
         if self.unparseable not in scoring.UNPARSEABLE_POLICIES:
@@ -267,21 +315,28 @@ class MultipleChoiceBenchmark:
                 f"benchmark {self.name!r}: unparseable={self.unparseable!r}; choose one of "
                 f"{scoring.UNPARSEABLE_POLICIES}"
             )
+        if self.lmms_rule not in LMMS_RULES:
+            raise ValueError(f"benchmark {self.name!r}: lmms_rule={self.lmms_rule!r}: {LMMS_RULES}")
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(self.loader(annotations, video_root, limit), annotations)
 
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
         if item.video_missing:
-            return {"correct": 0.0}
+            return {"correct": 0.0, LMMS_CORRECT: 0.0}
         sample = item.sample
-        return scoring.choice_score(
+        official = scoring.choice_score(
             response, sample.answer, sample.options, self.unparseable, key=sample.id
         )
+        return {**official, **lmms_choice_score(self.lmms_rule, sample, response)}
 
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
     ) -> dict[str, float]:
         metrics = summarize(items, scores, {"correct": "accuracy"})
         metrics.update(self.headline(metrics))
+        if not all(LMMS_CORRECT in s for s in scores):  # a predictions file from before
+            return metrics
+        metrics.update(lmms_means(items, scores, LMMS_CORRECT, LMMS + "accuracy"))
+        metrics.update(self.lmms_summary(items, [float(s[LMMS_CORRECT]) for s in scores]))
         return metrics

@@ -7,7 +7,9 @@ Gold times are rounded to the text annotation's precision (`GOLD_DECIMALS`, one 
 parquet's float16 columns hold 24.296875 for the annotation's 24.3 (errors up to 0.0125 s).
 Items get id f"{video stem}-{row}", the grounding prompt as question, the gold as "[s, e]" and
 as `Sample.windows`. Scores: IoU = intersection / (max end - min start); an unparseable answer or
-a missing video scores IoU 0 and stays in the denominator. Report: miou, r@0.3, r@0.5, r@0.7.
+a missing video scores IoU 0 and stays in the denominator. Report: miou, r@0.3, r@0.5, r@0.7,
+and beside them lmms-eval's (`paravt.eval.lmms_scoring`: its parser, on the unrounded gold
+times it reads, over distinct (video, caption, gold) keys): lmms_eval/miou, lmms_eval/r@0.3, ....
 
 This module deliberately does not parse intervals itself (see `paravt.eval.scoring`).
 """
@@ -25,8 +27,9 @@ from typing import Any
 import torch
 
 from paravt.data.datasets import DataFileError, read_text
-from paravt.eval import scoring
+from paravt.eval import lmms_scoring, scoring
 from paravt.eval.adapters.base import (
+    LMMS,
     AnnotationError,
     EvalItem,
     build_items,
@@ -102,6 +105,7 @@ def _item(
     name = get_field(row, "video", "str", path, index).strip()
     caption = get_field(row, "caption", "str", path, index)
     start, end = _interval(get_field(row, "timestamp", "list", path, index), path, index)
+    raw = (start, end)  # what lmms-eval compares with
     if decimals is not None:  # float16 parquet columns: 24.296875 is the annotation's 24.3
         start, end = round(start, decimals), round(end, decimals)
     candidates = [os.path.join(root, name)]
@@ -117,7 +121,7 @@ def _item(
         question_type="tvg",
         windows=((start, end),),
         data_source="charades",
-        extra={"caption": caption.strip()},
+        extra={"caption": caption.strip(), "timestamp": raw},
     )
     return EvalItem(sample=sample, groups={}, video_missing=missing)
 
@@ -151,8 +155,10 @@ class CharadesBenchmark:
 
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
         if item.video_missing:
-            return scoring.grounding_scores(0.0)
-        return scoring.score_grounding(response, item.sample.windows[0])
+            return {**scoring.grounding_scores(0.0), LMMS_IOU: 0.0}
+        gold = item.sample.extra.get("timestamp", item.sample.windows[0])
+        official = scoring.score_grounding(response, item.sample.windows[0])
+        return {**official, LMMS_IOU: lmms_scoring.charades_iou(response, gold)}
 
     def report(
         self, items: Sequence[EvalItem], scores: Sequence[Mapping[str, float]]
@@ -161,7 +167,21 @@ class CharadesBenchmark:
         metric.update(torch.tensor([float(s["iou"]) for s in scores], dtype=torch.float64))
         metrics = summarize(items, scores, {})
         metrics.update(metric.compute())
+        if all(LMMS_IOU in s for s in scores):  # absent from a predictions file from before
+            keys = [lmms_key(item) for item in items]
+            lmms = lmms_scoring.charades_summary(keys, [float(s[LMMS_IOU]) for s in scores])
+            metrics.update({LMMS + k: v for k, v in lmms.items()})
         return metrics
+
+
+LMMS_IOU = LMMS + "iou"
+
+
+def lmms_key(item: EvalItem) -> tuple:
+    """lmms-eval's per-item key: (video file, caption, gold); a repeated key counts once."""
+    sample = item.sample
+    gold = tuple(sample.extra.get("timestamp", sample.windows[0]))
+    return (os.path.basename(sample.video), sample.extra.get("caption", ""), gold)
 
 
 def charades() -> CharadesBenchmark:

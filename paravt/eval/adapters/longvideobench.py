@@ -12,10 +12,13 @@ This module deliberately does not read the subtitles (the ParaVT protocol evalua
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from paravt.eval import lmms_scoring
 from paravt.eval.adapters.base import (
+    LMMS,
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
@@ -91,5 +94,15 @@ def load_longvideobench(
     return build_items(enumerate(rows), make, annotations, "LongVideoBench")
 
 
+def lmms_accuracy(items: Sequence[EvalItem], correct: Sequence[float]) -> dict[str, float]:
+    """lmms-eval's LongVideoBench figure: the accuracy rounded to 5 decimals."""
+    return {LMMS + "accuracy": lmms_scoring.longvideobench_accuracy(correct)}
+
+
 def longvideobench() -> MultipleChoiceBenchmark:
-    return MultipleChoiceBenchmark(name="longvideobench", loader=load_longvideobench)
+    return MultipleChoiceBenchmark(
+        name="longvideobench",
+        loader=load_longvideobench,
+        lmms_rule="longvideobench",
+        lmms_summary=lmms_accuracy,
+    )

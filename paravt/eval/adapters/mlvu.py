@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from paravt.eval import scoring
+from paravt.eval import lmms_scoring, scoring
 from paravt.eval.adapters.base import (
+    LMMS,
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
@@ -143,5 +144,13 @@ def m_avg(metrics: Mapping[str, float]) -> dict[str, float]:
     return {"m_avg": scoring.macro_average(metrics, "accuracy/task_type=")}
 
 
+def lmms_m_avg(items: Sequence[EvalItem], correct: Sequence[float]) -> dict[str, float]:
+    """lmms-eval's MLVU figure: the mean over its 7 dev task types (`lmms_scoring.mlvu_m_avg`)."""
+    types = [item.groups["task_type"][0] for item in items]
+    return {LMMS + "m_avg": lmms_scoring.mlvu_m_avg(types, correct)}
+
+
 def mlvu() -> MultipleChoiceBenchmark:
-    return MultipleChoiceBenchmark(name="mlvu", loader=load_mlvu, headline=m_avg)
+    return MultipleChoiceBenchmark(
+        name="mlvu", loader=load_mlvu, headline=m_avg, lmms_summary=lmms_m_avg
+    )

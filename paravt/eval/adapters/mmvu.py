@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from paravt.eval import lmms_scoring
 from paravt.eval.adapters.base import (
+    LMMS,
     AnnotationError,
     EvalItem,
     MultipleChoiceBenchmark,
@@ -194,4 +196,15 @@ def mmvu(disciplines: Mapping[str, str] | None = None) -> MultipleChoiceBenchmar
         if disciplines is None
         else {normalise_subject(k): v for k, v in disciplines.items()}
     )
-    return MultipleChoiceBenchmark(name="mmvu", loader=partial(load_mmvu, disciplines=mapping))
+    return MultipleChoiceBenchmark(
+        name="mmvu",
+        loader=partial(load_mmvu, disciplines=mapping),
+        lmms_rule="mmvu",
+        lmms_summary=lmms_accuracy,
+    )
+
+
+def lmms_accuracy(items: Sequence[EvalItem], correct: Sequence[float]) -> dict[str, float]:
+    """lmms-eval's MMVU figure: the accuracy over items of its 27 subject folders."""
+    subjects = [item.sample.extra.get("subject", "") for item in items]
+    return {LMMS + "accuracy": lmms_scoring.mmvu_accuracy(subjects, correct)}
