@@ -26,10 +26,10 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.data.datasets import BadRowError
+from paravt.data.packing import model_rope_index
 from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
 from paravt.parallel.distributed import is_sharded
-from paravt.data.packing import model_rope_index
 from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajectory
 from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams

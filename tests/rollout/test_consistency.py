@@ -85,9 +85,9 @@ def test_an_extra_placeholder_token_names_the_clip_and_counts(tiny, traj):
     at = start + 1
     grown = replace(
         traj,
-        token_ids=traj.token_ids[:at] + (video,) + traj.token_ids[at:],
-        loss_mask=traj.loss_mask[:at] + (0,) + traj.loss_mask[at:],
-        logprobs=traj.logprobs[:at] + (0.0,) + traj.logprobs[at:],
+        token_ids=(*traj.token_ids[:at], video, *traj.token_ids[at:]),
+        loss_mask=(*traj.loss_mask[:at], 0, *traj.loss_mask[at:]),
+        logprobs=(*traj.logprobs[:at], 0.0, *traj.logprobs[at:]),
     )
     (found,) = check(tiny, grown)
     assert (found.turn, found.result, found.kind) == (1, 1, "placeholders")
