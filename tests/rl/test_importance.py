@@ -82,3 +82,41 @@ def test_bad_settings_name_the_key():
         policy_loss("ppo", "mis", 2.0, "geometric")
     with pytest.raises(ValueError, match="engine_is_correction"):
         policy_loss("ppo", "masked", 2.0)
+
+
+def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_samples):
+    # A transformers engine on its own copy of the policy samples; the trainer then takes an
+    # update the engine never receives (a sync that did not reach it, as a stale cache would).
+    import copy
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.models.forward import TokenIds, trajectory_logprobs
+    from paravt.rollout.engine import SamplingParams
+    from paravt.rollout.hf import TransformersEngine
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    trainer = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
+    engine = TransformersEngine(copy.deepcopy(trainer), processor.tokenizer)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=0))
+    params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=6)
+    ids = TokenIds.from_tokenizer(processor.tokenizer)
+
+    def gap():
+        trajs = list(loop.run(needle_samples[:1], [4], 2, params))
+        with torch.no_grad():
+            logp, batch, _ = trajectory_logprobs(trainer, trajs, ids)
+        return gap_metrics([gap_sums(logp, batch.old_logp, batch.loss_mask)])
+
+    synced = gap()
+    with torch.no_grad():
+        trainer.lm_head.weight.mul_(1.5)  # the update
+    stale = gap()
+    engine.sync_weights(trainer, 1)
+    resynced = gap()
+    assert synced["mismatch/logprob_abs_max"] < 1e-4
+    assert stale["mismatch/logprob_abs_max"] > 0.1 and stale["mismatch/k3"] > 1e-3
+    assert resynced["mismatch/logprob_abs_max"] < 1e-4

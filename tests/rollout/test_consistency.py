@@ -159,3 +159,28 @@ def test_transformers_engine_rollouts_report_no_mismatch(tiny, needle_samples):
     trajs = loop.run(needle_samples[:1], [4], 2, SamplingParams(temperature=0.7, seed=1))
     assert all(t.num_trained_tokens > 0 and len(t.visuals) >= 1 for t in trajs)
     assert [check(tiny, t) for t in trajs] == [[], []]
+
+
+def scripted(processor, cfg: AgentConfig) -> AgentLoop:
+    def respond(context: str) -> str:
+        return TURN if "<tool_response>" not in context else "done</think>\n<answer>A</answer>"
+
+    engine = ScriptedEngine(processor.tokenizer, respond)
+    return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+
+
+def test_subagent_and_cut_trajectories_are_consistent(tiny, traj, needle_samples):
+    _, processor = tiny
+    # Sub-agent mode: the crops reach the main context as summaries, without clips.
+    (sub,) = scripted(processor, AgentConfig(mode="subagent")).run(
+        needle_samples[:1], [4], 1, GREEDY
+    )
+    assert len(sub.visuals) == 1 and all(r.summary for r in sub.turns[0].results)
+    # The tool responses would pass max_total_tokens: the turn's crops ran, their clips were
+    # never appended (the trajectory is cut there).
+    turn_end = traj.loss_mask.index(0, traj.loss_mask.index(1))
+    room = turn_end - traj.prompt_length + 1  # the first turn fits, its responses do not
+    cut_cfg = AgentConfig(max_new_tokens=room, max_total_tokens=traj.prompt_length + room)
+    (cut,) = scripted(processor, cut_cfg).run(needle_samples[:1], [4], 1, GREEDY)
+    assert cut.truncated and len(cut.visuals) == 1 and cut.turns[0].results
+    assert check(tiny, sub) == [] and check(tiny, cut) == []
