@@ -51,7 +51,7 @@ class AlarmState:
             return None
         return (
             f"tool-use alarm at step {step}: {' and '.join(found)} for {self.patience} "
-            "consecutive steps (the policy may be collapsing to answers without tools or to "
+            "consecutive step(s) (the policy may be collapsing to answers without tools or to "
             "the prior's tags; see docs/training.md, 'Rollout guards')"
         )
 

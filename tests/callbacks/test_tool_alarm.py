@@ -31,7 +31,7 @@ def test_the_callback_warns_in_a_real_trainer(toy, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="callbacks.tool_alarm"):
         toy.fit(tmp_path, [alarm], max_steps=3, logger=False)
     assert alarm.warnings == [
-        "tool-use alarm at step 1: kappa 0.500 < min_kappa 0.6 for 2 consecutive steps (the "
+        "tool-use alarm at step 1: kappa 0.500 < min_kappa 0.6 for 2 consecutive step(s) (the "
         "policy may be collapsing to answers without tools or to the prior's tags; see "
         "docs/training.md, 'Rollout guards')"
     ]

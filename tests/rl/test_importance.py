@@ -101,7 +101,9 @@ def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_s
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
     trainer = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
     engine = TransformersEngine(copy.deepcopy(trainer), processor.tokenizer)
-    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=0))
+    loop = AgentLoop(
+        engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=0, max_new_tokens=6)
+    )
     params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=6)
     ids = TokenIds.from_tokenizer(processor.tokenizer)
 
