@@ -43,6 +43,8 @@ from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeGuard
 from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
+from paravt.rl.importance import MODES as IMPORTANCE_MODES
+from paravt.rl.importance import check as check_importance
 from paravt.rl.importance import gap_metrics, gap_sums
 from paravt.rl.kl import kl_penalty
 from paravt.rl.microbatch import (
@@ -145,6 +147,10 @@ class GRPOModule(pl.LightningModule):
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         check_mode(algorithm.engine_is_correction)
+        if algorithm.engine_is_correction in IMPORTANCE_MODES:  # a bad level fails at start-up
+            check_importance(
+                algorithm.engine_is_correction, algorithm.engine_is_level, algorithm.engine_is_cap
+            )
         self.scheduler_factory = scheduler
         self.seed = seed
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
