@@ -191,11 +191,14 @@ def rollout_batch(dm, batch, module, got: tuple[GenTask, GenResult, float]) -> R
     dm.skipped_prompts += len(skipped)
     rank = Rank.current()
     samples, budgets, trajs = _share(task, samples, budgets, trajs, rank)
+    # The same rollout/trainer consistency check as sync mode, on this rank's share.
+    trajs, checked = dm.check_consistency(batch.step, trajs, module)
     timings = {"sync": 0.0, "rollout": result.busy_s, "rollout_wait": waited} | result.timings
     dm.rollout_versions.append((batch.step, result.version))
     dm.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
     dm.consumed = batch.step + 1
     counts = dm.skip_counts() | {"rollout/stale_dropped": float(dm.async_rollouts.dropped)}
+    counts |= checked
     if rank.rank != 0:
         counts |= dict.fromkeys(WHOLE_BATCH_COUNTS, 0.0)
         skipped = []

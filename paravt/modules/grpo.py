@@ -43,6 +43,9 @@ from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeGuard
 from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
+from paravt.rl.importance import MODES as IMPORTANCE_MODES
+from paravt.rl.importance import check as check_importance
+from paravt.rl.importance import gap_metrics, gap_sums
 from paravt.rl.kl import kl_penalty
 from paravt.rl.microbatch import (
     MicroWeights,
@@ -62,6 +65,7 @@ from paravt.rl.objective import (
     micro_objective,
     rollout_metrics,
 )
+from paravt.rl.truncation import keep_uncut
 from paravt.rollout.records import RolloutBatch, RolloutRecord
 from paravt.types import RewardBreakdown, Sample, Trajectory
 
@@ -92,9 +96,13 @@ class AlgorithmConfig:
     pack_update: bool = False
     max_grad_norm: float = 1.0
     train_subagents: bool = False
-    # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate" or "token_mask".
+    # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate", "token_mask",
+    # "tis" or "mis" (paravt.rl.importance, at engine_is_level token | sequence).
     engine_is_correction: str | None = None
     engine_is_cap: float = 2.0
+    engine_is_level: str = "token"
+    # True: a trajectory cut by the token or turn limit leaves the loss (paravt.rl.truncation).
+    mask_truncated: bool = False
 
 
 ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
@@ -139,6 +147,10 @@ class GRPOModule(pl.LightningModule):
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         check_mode(algorithm.engine_is_correction)
+        if algorithm.engine_is_correction in IMPORTANCE_MODES:  # a bad level fails at start-up
+            check_importance(
+                algorithm.engine_is_correction, algorithm.engine_is_level, algorithm.engine_is_cap
+            )
         self.scheduler_factory = scheduler
         self.seed = seed
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
@@ -158,6 +170,7 @@ class GRPOModule(pl.LightningModule):
         self.reward_history: list[tuple[int, float]] = []  # (step, mean reward)
         self._reference_kl = 0.0
         self.resumed_step: int | None = None  # the checkpoint's global step after a resume
+        self._fresh_version, self._gaps = -1, []  # the step's engine/trainer gap parts
 
     @property
     def updates_per_step(self) -> int:
@@ -217,14 +230,21 @@ class GRPOModule(pl.LightningModule):
             adv = compute_advantages(
                 totals.view(len(batch.samples), batch.group_size), self.algo.advantage
             )
+            keep, cut = adv.keep, 0
+            if self.algo.mask_truncated:  # cut trajectories leave the loss (paravt.rl.truncation)
+                keep, cut = keep_uncut(keep, trajs)
             with timer("update"):
                 formed = [is_well_formed(r) for r in rewards]
-                update = self._update(trajs, adv.values, adv.keep, formed, temp)
+                update = self._update(trajs, adv.values, keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
         metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
         metrics |= {f"time/{k}": v for k, v in batch.timings.items()}
         metrics["rollout/staleness"] = float(batch.staleness)
+        if self.algo.mask_truncated:
+            metrics["update/masked_truncated"] = float(cut)
+        if "loss/iw_capped_frac" in update:  # share the importance correction clipped or masked
+            metrics["mismatch/corrected_frac"] = update["loss/iw_capped_frac"]
         if self.reference is not None and self.algo.kl_in_reward:
             metrics["kl/reference"] = self._reference_kl
         metrics["weight_version"] = float(batch.weight_version)
@@ -311,6 +331,9 @@ class GRPOModule(pl.LightningModule):
             # docs/method.md pitfall 4; sub-agent text has no structural tags to anchor.
             items += [(s, a, False) for t, a, _ in list(items) for s in t.sub_trajectories]
         prox = self._proximal_logprobs([t for t, _, _ in items], temperature)
+        # The first mini-batch's forward runs the pre-update weights: its log-probs against the
+        # engine's are the step's mismatch figures, at no extra pass (paravt.rl.importance).
+        self._fresh_version, self._gaps = self.policy_version, []
         opt = self.optimizers()
         sums: dict[str, float] = {}
         updates = self.algo.ppo_epochs * self.algo.ppo_mini_batches
@@ -331,6 +354,7 @@ class GRPOModule(pl.LightningModule):
                 if self.scheduler_factory is not None:
                     self.lr_schedulers().step()
                 self.policy_version += 1
+        sums |= gap_metrics(self._gaps)
         sums["update/trajectories"] = float(len(items))
         sums["update/trained_tokens"] = float(sum(t.num_trained_tokens for t, _, _ in items))
         return sums
@@ -420,6 +444,9 @@ class GRPOModule(pl.LightningModule):
         objective, metrics = micro_objective(terms, self._loss_settings(), weights)
         if prox[0] is not None:  # the trainer's pre-update log-probs vs the engine's
             metrics |= mismatch_metrics(proximal, behaviour, mask, self.algo.engine_is_cap)
+        if self.policy_version == self._fresh_version:
+            trainer = proximal if prox[0] is not None else logp.detach()
+            self._gaps.append(gap_sums(trainer, behaviour, mask))
         self.manual_backward(objective)
         return metrics
 
@@ -437,6 +464,7 @@ class GRPOModule(pl.LightningModule):
             anchor_coef=self.anchor_coef,
             engine_is_correction=algo.engine_is_correction,
             engine_is_cap=algo.engine_is_cap,
+            engine_is_level=algo.engine_is_level,
         )
 
     def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:

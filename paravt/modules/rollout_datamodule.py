@@ -26,9 +26,12 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
 from paravt.data.datasets import BadRowError
+from paravt.data.packing import model_rope_index
 from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
 from paravt.parallel.distributed import is_sharded
+from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajectory
+from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
 from paravt.rollout.factory import build_engine, check_engine_name, on_meta
 from paravt.rollout.records import RolloutBatch
@@ -55,8 +58,12 @@ class RolloutConfig:
     generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
     # async: seconds to wait for a step's rollouts before failing the run (None: for ever)
     generator_timeout_s: float | None = None
+    # Rollout/trainer consistency of every trajectory (paravt.rollout.consistency): error |
+    # warn (log it, drop the trajectory from the loss) | off.
+    consistency: str = "warn"
 
     def __post_init__(self) -> None:
+        check_consistency_mode(self.consistency)
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
@@ -93,6 +100,7 @@ class RolloutDataModule(PromptDataModule):
         self.eval_video_errors: dict[str, str] = {}  # held-out video path -> error
         self.async_rollouts = None  # rollout.mode=async: the generator process, once started
         self._steps = None  # the loader's prompt batches, for submitting steps ahead
+        self._consistency = None  # (VisionSpec, rope index) once the policy is connected
 
     # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
@@ -236,6 +244,9 @@ class RolloutDataModule(PromptDataModule):
         self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
+        t0 = time.perf_counter()
+        trajs, checked = self.check_consistency(batch.step, trajs, module)
+        timings["consistency"] = time.perf_counter() - t0
         self.rollout_versions.append((batch.step, version))
         self.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
         self.consumed = batch.step + 1
@@ -252,8 +263,22 @@ class RolloutDataModule(PromptDataModule):
             durations=tuple(agent.source.info(s.video).duration for s in samples),
             timings=timings,
             skipped=tuple(skipped),
-            counts=self.skip_counts(),
+            counts=self.skip_counts() | checked,
         )
+
+    def check_consistency(self, step: int, trajs, module: RolloutPolicy) -> tuple[list, dict]:
+        """`rollout.consistency` applied to the step's trajectories: tokens vs vision inputs,
+        time labels, M-RoPE positions (paravt.rollout.consistency); error raises, warn drops."""
+        mode = self.rollout.consistency
+        if mode == "off":
+            return list(trajs), {}
+        if self._consistency is None:
+            spec = VisionSpec.from_processor(module.processor)
+            self._consistency = (spec, model_rope_index(module.policy))
+        spec, rope = self._consistency
+        decode = module.processor.tokenizer.decode
+        found = [check_trajectory(t, spec, rope, decode) for t in trajs]
+        return apply_policy(trajs, found, mode, step)
 
     def _run(self, agent: AgentLoop, samples, budgets, params) -> AgentRun:
         try:

@@ -24,15 +24,19 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from paravt.rl import importance
 from paravt.rl.losses import decoupled_ppo_loss, get_policy_loss, masked_mean
 
 MODES = {"token_truncate": "clamp", "token_mask": "mask"}
+# tis / mis at algorithm.engine_is_level token | sequence: paravt.rl.importance (verl's
+# rollout correction; mis masks weights outside [1/cap, cap]).
+ALL_MODES = (*MODES, *importance.MODES)
 
 
 def check_mode(mode: str | None) -> None:
-    if mode is not None and mode not in MODES:
+    if mode is not None and mode not in ALL_MODES:
         raise ValueError(
-            f"algorithm.engine_is_correction must be null or one of {sorted(MODES)}, got {mode!r}"
+            f"algorithm.engine_is_correction must be null or one of {list(ALL_MODES)}, got {mode!r}"
         )
 
 
@@ -41,7 +45,7 @@ def needs_trainer_logprobs(loss: str, mode: str | None) -> bool:
     return loss == "decoupled_ppo" or mode is not None
 
 
-def policy_loss(loss: str, mode: str | None, cap: float) -> Callable:
+def policy_loss(loss: str, mode: str | None, cap: float, level: str = "token") -> Callable:
     """The registry's loss `loss`, corrected for the engine mismatch when `mode` is set.
 
     With a mode, plain PPO becomes decoupled PPO against the trainer's log-probs with the
@@ -52,6 +56,9 @@ def policy_loss(loss: str, mode: str | None, cap: float) -> Callable:
         return get_policy_loss(loss)
     if cap < 1.0:
         raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {cap}")
+    if mode in importance.MODES:  # decoupled PPO with the TIS / MIS weight of `level`
+        importance.check(mode, level, cap)
+        return partial(importance.corrected_loss, mode=mode, level=level, cap=cap)
     if loss == "ppo":
 
         def corrected(*args, iw_cap=None, **kwargs):

@@ -152,6 +152,7 @@ class LossSettings:
     anchor_coef: float = 0.0
     engine_is_correction: str | None = None  # paravt.rl.mismatch: engine/trainer correction
     engine_is_cap: float = 2.0
+    engine_is_level: str = "token"  # tis / mis: token or sequence (geometric mean) ratios
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,12 @@ def micro_objective(
     L_anchor only with `structural` and a non-zero coefficient, L_kl only with `reference`
     (the KL as a loss term; folded into the reward instead, it is not here)."""
     logp, mask, behaviour = terms.logp, terms.mask, terms.behaviour
-    corrected = policy_loss(settings.loss, settings.engine_is_correction, settings.engine_is_cap)
+    corrected = policy_loss(
+        settings.loss,
+        settings.engine_is_correction,
+        settings.engine_is_cap,
+        settings.engine_is_level,
+    )
     loss, m = corrected(
         logp,
         terms.proximal,

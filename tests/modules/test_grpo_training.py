@@ -158,8 +158,16 @@ def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
         "time/update",
         "time/sync",
         "weight_version",
+        "mismatch/logprob_abs_max",
+        "mismatch/k3",
+        "consistency/dropped",
+        "time/consistency",
     }
     assert expected <= scalars, expected - scalars
+    # The default check is on and the demo's rollouts are consistent; the transformers
+    # engine shares the trainer's weights, so their log-probs agree to float error.
+    assert [e.value for e in acc.Scalars("consistency/mismatches")] == [0.0, 0.0]
+    assert max(e.value for e in acc.Scalars("mismatch/logprob_abs_max")) < 1e-3
     assert any(t.startswith("gate_ratio/K") for t in scalars)
     assert [e.step for e in acc.Scalars("weight_version")] == [0, 1]
     assert [e.value for e in acc.Scalars("weight_version")] == [0.0, 1.0]

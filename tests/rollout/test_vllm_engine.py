@@ -18,9 +18,11 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
+from paravt.data.packing import model_rope_index
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.modules.sft import supervised_steps
 from paravt.rollout import EngineConfig, GenerationRequest, SamplingParams, build_engine
+from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.types import Frames, Visual
 from paravt.video.reader import VideoReader
 
@@ -107,6 +109,10 @@ def test_sampled_logprobs_match_the_trainers_teacher_forced_pass(
     gaps = _gaps(model, processor, trajs, 0.7)
     print(f"vLLM vs teacher-forced at T=0.7: max |delta logprob| = {max(gaps):.2e}")
     assert max(gaps) <= 1e-4
+    # The rollout/trainer consistency check finds nothing in vLLM's multi-crop rollouts.
+    spec, rope = VisionSpec.from_processor(processor), model_rope_index(model)
+    found = [check_trajectory(t, spec, rope, processor.tokenizer.decode) for t in trajs]
+    assert found == [[]] * len(trajs)
 
 
 def test_the_expansion_cache_keeps_no_clip_pixels(tool_caller, vllm_engine, needle_samples):
