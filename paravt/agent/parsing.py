@@ -16,7 +16,8 @@ Accepted forms, one call per block:
             </tool_code>
     "tool_call": `<tool_call>` only; a `<tool_code>` block is one call that fails with an error
         text naming the right syntax (the RL dialect: a reverted turn gets the error back).
-`reverted_turn` tells whether a turn used `<tool_code>`, whatever the dialect.
+`paravt.rewards.format_reference.reverted_turn` tells whether a turn used `<tool_code>`, whatever
+the dialect.
 Argument aliases (`start`, `start_sec`, `end`, ...) are normalised to `start_time` / `end_time`
 and time values ("30", "30s", "0:30", "00:00:30.5") to float seconds. Each block yields either a
 call or a short error text meant for the model; one bad block never spoils its siblings.
@@ -36,6 +37,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from paravt.rewards.format_reference import CODE_TAG
 from paravt.types import ParsedCall, ToolCall
 
 KNOWN_TOOLS: tuple[str, ...] = ("crop_video",)
@@ -45,7 +47,6 @@ CALL_EXAMPLE = (
 )
 
 DIALECTS: tuple[str, ...] = ("any", "lines", "tool_call")
-CODE_TAG = "<tool_code>"  # the prior's tag: a turn that opens it has reverted
 _OPEN_RE = re.compile(r"<tool_call>|<tool_code>")
 _CLOSE_RE = re.compile(r"</tool_call>|</tool_code>")
 _FENCE_RE = re.compile(r"^\s*```[A-Za-z]*\s*|\s*```\s*$")
@@ -150,11 +151,6 @@ def strip_tool_blocks(text: str) -> str:
 def cap_error(index: int, max_calls: int) -> str:
     """Error text for the call at 0-based `index` beyond a per-turn cap of `max_calls`."""
     return f"call {index + 1} ignored: at most {max_calls} calls per turn"
-
-
-def reverted_turn(text: str) -> bool:
-    """True when the turn opens a `<tool_code>` block: the prior's dialect, not `<tool_call>`."""
-    return CODE_TAG in text
 
 
 def check_dialect(dialect: str) -> None:

@@ -29,11 +29,11 @@ from paravt.data.datasets import BadRowError
 from paravt.data.packing import model_rope_index
 from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
-from paravt.parallel.distributed import is_sharded
+from paravt.parallel.distributed import is_sharded, on_meta
 from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajectory
 from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
-from paravt.rollout.factory import build_engine, check_engine_name, on_meta
+from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader

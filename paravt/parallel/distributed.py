@@ -191,6 +191,13 @@ def is_sharded(module: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def on_meta(model) -> bool:
+    """Whether any parameter of `model` (or its local shard) is on the meta device: a skeleton
+    that holds no weights yet."""
+    sharded = is_sharded(model)
+    return any((p.to_local() if sharded else p).is_meta for p in model.parameters())
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 

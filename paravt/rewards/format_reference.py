@@ -34,11 +34,12 @@ import json
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+CODE_TAG = "<tool_code>"  # the prior's tool tag: an RL turn that opens it has reverted
 # The tag pairs whose counts must match for the balance bonus (the reference's _BALANCED_TAGS).
 BALANCED_PAIRS: tuple[tuple[str, str], ...] = (
     (THINK_OPEN, THINK_CLOSE),
     ("<tool_call>", "</tool_call>"),
-    ("<tool_code>", "</tool_code>"),
+    (CODE_TAG, "</tool_code>"),
     (ANSWER_OPEN, ANSWER_CLOSE),
 )
 # Where an unclosed think block stops being read.
@@ -49,6 +50,11 @@ SUFFIX_CREDITS = (0.2, 0.3, 0.2)
 DEFAULT_CREDITS = (0.3, 0.2, 0.1)
 TOOL_BONUS = 0.3
 BALANCE_BONUS = 0.1
+
+
+def reverted_turn(text: str) -> bool:
+    """True when the turn opens a `<tool_code>` block: the prior's dialect, not `<tool_call>`."""
+    return CODE_TAG in text
 
 
 def think_body(text: str) -> str | None:

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from paravt.agent.parsing import reverted_turn
 from paravt.rewards.format import is_degenerate
-from paravt.rewards.format_reference import reference_indicators, reference_total
+from paravt.rewards.format_reference import reference_indicators, reference_total, reverted_turn
 from paravt.types import RewardBreakdown, Trajectory
 
 Values = Sequence[float] | Sequence[int] | Tensor

@@ -61,7 +61,12 @@ def engine_copy(model, cfg: EngineConfig):
     import torch
 
     from paravt.models.lora import is_lora, iter_merged_state_dict
-    from paravt.parallel.distributed import is_sharded, iter_full_state_dict, load_buckets
+    from paravt.parallel.distributed import (
+        is_sharded,
+        iter_full_state_dict,
+        load_buckets,
+        on_meta,
+    )
 
     if on_meta(model):
         raise RuntimeError(
@@ -78,15 +83,6 @@ def engine_copy(model, cfg: EngineConfig):
     gather = iter_merged_state_dict if is_lora(model) else iter_full_state_dict
     load_buckets(clone, gather(model, cfg.sync_bucket_mb << 20, first.device))
     return clone.requires_grad_(False).eval()
-
-
-def on_meta(model) -> bool:
-    """Whether any parameter of `model` (or its local shard) is on the meta device: a skeleton
-    that holds no weights yet."""
-    from paravt.parallel.distributed import is_sharded
-
-    sharded = is_sharded(model)
-    return any((p.to_local() if sharded else p).is_meta for p in model.parameters())
 
 
 def check_context(max_model_len: int, model_config) -> None:

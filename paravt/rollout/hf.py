@@ -151,7 +151,7 @@ class TransformersEngine:
 
     def _check_materialised(self, action: str) -> None:
         """A clear error, not a silent no-op copy or a meta-tensor crash deep in `generate`."""
-        from paravt.rollout.factory import on_meta
+        from paravt.parallel.distributed import on_meta
 
         if on_meta(self.model):
             raise RuntimeError(
