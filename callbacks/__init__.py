@@ -27,11 +27,11 @@ steps its optimizer several times (PPO epochs); the triggers fire whenever a mul
 crossed. Per-rollout logs are written at `RolloutRecord.step`.
 """
 
-from callbacks.benchmark_validation import BenchmarkValidation
-from callbacks.format_anchor import FormatAnchorCurriculum
-from callbacks.frame_budget import FrameBudgetRandomization
-from callbacks.records import RolloutRecord
-from callbacks.rollout_logger import RolloutLogger
+from paravt.callbacks.benchmark_validation import BenchmarkValidation
+from paravt.callbacks.format_anchor import FormatAnchorCurriculum
+from paravt.callbacks.frame_budget import FrameBudgetRandomization
+from paravt.callbacks.records import RolloutRecord
+from paravt.callbacks.rollout_logger import RolloutLogger
 
 __all__ = [
     "BenchmarkValidation",

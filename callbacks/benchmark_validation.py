@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 
-from callbacks.schedules import crossed_multiple
+from paravt.callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
 from paravt.eval.metrics import CategoryMean
 from paravt.rl.metrics import format_compliance

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 
-from callbacks.records import RolloutRecord, latest_rollout
+from paravt.callbacks.records import RolloutRecord, latest_rollout
 from paravt.rl.budget import DEFAULT_BUDGETS, FrameBudgetSampler, GateStat, gate_ratio
 
 
@@ -95,14 +95,14 @@ class FrameBudgetRandomization(pl.Callback):
         if datamodule is None:
             raise RuntimeError(
                 "FrameBudgetRandomization needs a LightningDataModule implementing "
-                "callbacks.frame_budget.BudgetSink; pass it as trainer.fit(model, "
+                "paravt.callbacks.frame_budget.BudgetSink; pass it as trainer.fit(model, "
                 "datamodule=...) instead of bare dataloaders"
             )
         if not isinstance(datamodule, BudgetSink):
             raise TypeError(
                 f"FrameBudgetRandomization: {type(datamodule).__name__} does not implement "
-                "callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` and "
-                "call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
+                "paravt.callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` "
+                "and call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
             )
         datamodule.set_budget_sampler(self.sampler.budget)
 

@@ -66,7 +66,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.data",),  # datasets, SFT encoding, PromptDataModule
     ("paravt.eval",),  # benchmark adapters, scoring, runner
     ("paravt.modules",),  # Lightning objects
-    ("callbacks",),  # Lightning callbacks (a top-level package beside paravt)
+    ("paravt.callbacks",),  # Lightning callbacks (the top-level callbacks/ folder)
     ("paravt.run",),  # run assembly, cold start, reports, `paravt rollout`
     ("paravt.cli", "paravt.sweep", "paravt.config_hints", "paravt.lmms"),  # entry points, plugins
 ]
@@ -78,6 +78,7 @@ def _modules() -> dict[str, Path]:
     for top in ("paravt", "callbacks"):
         for path in (ROOT / top).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = ("paravt", *parts) if top == "callbacks" else parts  # pyproject's mapping
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out

@@ -6,13 +6,13 @@ import lightning.pytorch as pl
 import pytest
 from torch.utils.data import DataLoader
 
-from callbacks.frame_budget import (
+from paravt.callbacks.frame_budget import (
     FrameBudgetRandomization,
     budget_metrics,
     merge_gate_stats,
     step_gate_stats,
 )
-from callbacks.records import RolloutRecord
+from paravt.callbacks.records import RolloutRecord
 from paravt.rl.budget import FrameBudgetSampler, GateStat
 from paravt.types import RewardBreakdown
 
