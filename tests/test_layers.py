@@ -27,6 +27,8 @@ CORE = [
     "paravt.rl.budget",
     "paravt.rl.metrics",
     "paravt.rl.objective",
+    "paravt.rl.algorithm",
+    "paravt.rl.paragrpo_loss",
     "paravt.data.schemas",
     "paravt.data.sft_schema",
     "paravt.rl.microbatch",

@@ -26,10 +26,10 @@ from paravt.rl.advantages import (
     shape_rewards,
     zero_variance_groups,
 )
-from paravt.rl.losses import kl_loss
+from paravt.rl.losses import check_mask, get_aggregation, get_policy_loss, kl_loss
 from paravt.rl.metrics import drift_metrics, f_tau, format_compliance, kappa
 from paravt.rl.microbatch import MicroWeights
-from paravt.rl.mismatch import policy_loss
+from paravt.rl.mismatch import MODES, check_mode
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -122,7 +122,14 @@ def rollout_metrics(
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The objective's knobs (from `AlgorithmConfig`; `anchor_coef` as the curriculum set it)."""
+    """The objective's knobs (from `AlgorithmConfig`; `anchor_coef` as the curriculum set it).
+
+    `loss` names an entry of `paravt.rl.losses.POLICY_LOSSES`. Its behaviour importance weights
+    (`behaviour_weights`): `decoupled_ppo` caps them at `iw_cap`, `ppo_engine_is` (the engine-
+    mismatch correction) at `engine_is_cap`; `engine_is_correction` picks the capping rule of
+    either (null: masking for decoupled_ppo, token_truncate for ppo_engine_is). Plain `ppo`
+    applies no weight, so a correction set beside it is refused rather than ignored.
+    """
 
     loss: str = "ppo"
     clip_low: float = 0.2
@@ -130,11 +137,30 @@ class LossSettings:
     iw_cap: float | None = 5.0
     aggregation: str = "token_mean"
     norm_length: int | None = None  # Dr.GRPO's constant divisor
-    kl_estimator: str = "k1"
+    kl_estimator: str = "k3"  # of the KL loss term (k1 is refused there: it only adds noise)
     kl_coef: float = 0.0
     anchor_coef: float = 0.0
-    engine_is_correction: str | None = None  # paravt.rl.mismatch: engine/trainer correction
+    engine_is_correction: str | None = None  # paravt.rl.mismatch.MODES
     engine_is_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        get_policy_loss(self.loss)
+        get_aggregation(self.aggregation)
+        check_mode(self.engine_is_correction)
+        if self.engine_is_cap < 1.0:
+            raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {self.engine_is_cap}")
+        if self.loss == "ppo" and self.engine_is_correction is not None:
+            raise ValueError(
+                f"algorithm.engine_is_correction={self.engine_is_correction} does nothing with "
+                "loss=ppo: the engine-mismatch correction is its own loss; fix: "
+                "algorithm.loss=ppo_engine_is (or engine_is_correction=null)"
+            )
+
+    def behaviour_weights(self) -> tuple[float | None, str]:
+        """(cap, capping rule) of the policy loss's behaviour importance weights."""
+        if self.loss == "ppo_engine_is":
+            return self.engine_is_cap, MODES[self.engine_is_correction or "token_truncate"]
+        return self.iw_cap, MODES[self.engine_is_correction or "token_mask"]
 
 
 @dataclass(frozen=True)
@@ -145,7 +171,7 @@ class MicroBatchTerms:
     proximal: Tensor  # [N, T] pi_prox log-probs (the behaviour's unless decoupled)
     behaviour: Tensor  # [N, T] the engine's log-probs at sampling time
     advantages: Tensor  # [N] one advantage per row
-    mask: Tensor  # [N, T] bool, trained tokens
+    mask: Tensor  # [N, T] bool (or 0/1), trained tokens
     entropy: Tensor | None = None  # [N, T] for the entropy metric
     structural: Tensor | None = None  # [N, T] bool, anchored positions (None: no anchor term)
     reference: Tensor | None = None  # [N, T] reference log-probs (None: no KL loss term)
@@ -160,9 +186,9 @@ def micro_objective(
 
     L_anchor only with `structural` and a non-zero coefficient, L_kl only with `reference`
     (the KL as a loss term; folded into the reward instead, it is not here)."""
-    logp, mask, behaviour = terms.logp, terms.mask, terms.behaviour
-    corrected = policy_loss(settings.loss, settings.engine_is_correction, settings.engine_is_cap)
-    loss, m = corrected(
+    logp, mask, behaviour = terms.logp, check_mask(terms.mask), terms.behaviour
+    cap, rule = settings.behaviour_weights()
+    loss, m = get_policy_loss(settings.loss)(
         logp,
         terms.proximal,
         behaviour,
@@ -170,10 +196,11 @@ def micro_objective(
         mask,
         settings.clip_low,
         settings.clip_high,
-        iw_cap=settings.iw_cap,
+        iw_cap=cap,
         agg=settings.aggregation,
         norm_length=settings.norm_length,
         entropy=terms.entropy,
+        iw_cap_mode=rule,
     )
     objective = weights.policy * loss
     metrics = {f"loss/{k}": float(v) for k, v in m.as_dict().items()}

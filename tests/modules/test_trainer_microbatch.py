@@ -133,6 +133,7 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
         "callbacks.benchmark_validation=null",
         "algorithm.kl_coef=0.05",  # the KL term as a loss (needs the frozen reference)
         "algorithm.kl_in_reward=false",
+        "algorithm.kl_estimator=k3",  # a loss-side KL (k1 is refused there)
         "algorithm.anchor_coef=0.1",
         "export_hf=false",
     ]
