@@ -23,6 +23,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from paravt.rl.losses import AGGREGATIONS, POLICY_LOSSES
+
+# ppo_engine_is is decoupled_ppo's arithmetic with its own cap (tests/rl/test_mismatch.py), so the
+# trainer's cut-invariance of decoupled_ppo covers it; leaving it out keeps this test's cost.
+LOSSES = sorted(set(POLICY_LOSSES) - {"ppo_engine_is"})
 from paravt.run.build import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +96,7 @@ class MicroBatchProbe(pl.Callback):
                 self.logp[pack], self.entropy[pack] = logp, entropy
         cuts = [(b, False) for b in self.budgets] + [(self.budgets[0], True)]
         for agg, loss, (budget, pack) in itertools.product(
-            sorted(AGGREGATIONS), sorted(POLICY_LOSSES), cuts
+            sorted(AGGREGATIONS), LOSSES, cuts
         ):
             module.algo = replace(
                 algo, aggregation=agg, loss=loss, micro_batch_tokens=budget, pack_update=pack
@@ -157,7 +161,7 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
     entropy = probe.entropy[False][scored]
     assert entropy.abs().max() > 0.1  # the sampling distribution's entropy, aligned alike
     torch.testing.assert_close(probe.entropy[True][scored], entropy, atol=1e-5, rtol=0)
-    for agg, loss in itertools.product(AGGREGATIONS, POLICY_LOSSES):
+    for agg, loss in itertools.product(AGGREGATIONS, LOSSES):
         whole = probe.grads[agg, loss, ONE_PIECE, False]
         scale = max(float(g.abs().max()) for g in whole.values())
         assert scale > 1e-4, (agg, loss)  # a gradient that could differ
