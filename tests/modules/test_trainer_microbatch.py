@@ -23,13 +23,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from paravt.rl.losses import AGGREGATIONS, POLICY_LOSSES
-
-# ppo_engine_is is decoupled_ppo's arithmetic with its own cap (tests/rl/test_mismatch.py), so the
-# trainer's cut-invariance of decoupled_ppo covers it; leaving it out keeps this test's cost.
-LOSSES = sorted(set(POLICY_LOSSES) - {"ppo_engine_is"})
 from paravt.run.build import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
+# ppo_engine_is is decoupled_ppo's arithmetic with its own cap (tests/rl/test_mismatch.py), so the
+# trainer's cut-invariance of decoupled_ppo covers it; leaving it out keeps this test's cost.
+LOSSES = sorted(set(POLICY_LOSSES) - {"ppo_engine_is"})
 ONE_PIECE = 10**7  # padded tokens: every row in one micro-batch
 
 
@@ -95,9 +94,7 @@ class MicroBatchProbe(pl.Callback):
                 logp, _, entropy = module._logp(module.policy, trajs, 1.0, entropy=True)
                 self.logp[pack], self.entropy[pack] = logp, entropy
         cuts = [(b, False) for b in self.budgets] + [(self.budgets[0], True)]
-        for agg, loss, (budget, pack) in itertools.product(
-            sorted(AGGREGATIONS), LOSSES, cuts
-        ):
+        for agg, loss, (budget, pack) in itertools.product(sorted(AGGREGATIONS), LOSSES, cuts):
             module.algo = replace(
                 algo, aggregation=agg, loss=loss, micro_batch_tokens=budget, pack_update=pack
             )
