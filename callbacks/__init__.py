@@ -17,7 +17,10 @@ first reads it, and names the missing piece):
 - `FrameBudgetRandomization`: the DataModule implements `frame_budget.BudgetSink`
   (`set_budget_sampler(sampler)`) and calls `sampler(prompt_id: str, epoch: int) -> int` for
   every prompt when it builds a batch (not in its `setup`, which Lightning runs before the
-  callbacks'); checked in `setup`.
+  callbacks'); checked in `setup`. With plain dataloaders, call `callback.sampler.budget(
+  prompt_id, epoch)` where the batch is built. Its gate reads `last_rollout` as a RolloutRecord
+  or the light `GateRecord` (rewards and tool-call counts [B, G], budgets [B]); without
+  `last_rollout` it warns and logs no gate.
 - `pl_module.evaluate_agent(samples, greedy=True) -> list[Trajectory]` (one per sample, in order)
   and `pl_module.score(trajectory, sample) -> RewardBreakdown` (BenchmarkValidation).
 
@@ -29,7 +32,7 @@ crossed. Per-rollout logs are written at `RolloutRecord.step`.
 
 from paravt.callbacks.benchmark_validation import BenchmarkValidation
 from paravt.callbacks.format_anchor import FormatAnchorCurriculum
-from paravt.callbacks.frame_budget import FrameBudgetRandomization
+from paravt.callbacks.frame_budget import FrameBudgetRandomization, GateRecord
 from paravt.callbacks.records import RolloutRecord
 from paravt.callbacks.rollout_logger import RolloutLogger
 
@@ -37,6 +40,7 @@ __all__ = [
     "BenchmarkValidation",
     "FormatAnchorCurriculum",
     "FrameBudgetRandomization",
+    "GateRecord",
     "RolloutLogger",
     "RolloutRecord",
 ]
