@@ -28,6 +28,10 @@ Steps: "every n steps" (RolloutLogger, BenchmarkValidation) and the curriculum's
 optimizer steps (`trainer.global_step`), which advance by several per batch when the module
 steps its optimizer several times (PPO epochs); the triggers fire whenever a multiple of n is
 crossed. Per-rollout logs are written at `RolloutRecord.step`.
+
+Logging: every scalar a callback produces goes through `pl_module.log` / `log_dict`, so it is in
+`trainer.callback_metrics` for ModelCheckpoint or EarlyStopping to monitor. The gate ratios and
+the validation figures are also written to the loggers directly, at the step they describe.
 """
 
 from paravt.callbacks.benchmark_validation import BenchmarkValidation

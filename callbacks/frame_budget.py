@@ -158,7 +158,7 @@ class FrameBudgetRandomization(pl.Callback):
         # Lightning's own cadence ((step + 1) % log_every_n_steps == 0), pooled over the steps in
         # between so that a ratio rests on more than the one or two groups a budget gets per step.
         if (record.step + 1) % trainer.log_every_n_steps == 0:
-            self._flush(trainer)
+            self._flush(trainer, pl_module)
 
     def _gate_record(self, pl_module: pl.LightningModule) -> GateRecord | None:
         if not hasattr(pl_module, "last_rollout"):
@@ -181,14 +181,18 @@ class FrameBudgetRandomization(pl.Callback):
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer)  # the steps after the last logging boundary
+        self._flush(trainer, None)  # the steps after the last logging boundary
 
-    def _flush(self, trainer: pl.Trainer) -> None:
+    def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None) -> None:
         if not self._pending:
             return
         metrics = budget_metrics(merge_gate_stats(self._pending), self._budgets)
         self._pending, self._budgets = [], []
-        # Straight to the loggers: self.log would re-send a budget's last ratio on later steps
-        # where that budget had no defined group.
+        # To the loggers at this step: pl_module.log would re-send a budget's last ratio on
+        # later steps where that budget had no defined group. Through pl_module.log with
+        # logger=False too, so they are in callback_metrics for ModelCheckpoint / EarlyStopping
+        # (not possible in on_train_end, where Lightning allows no self.log).
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=self._last_step)
+        if pl_module is not None:
+            pl_module.log_dict(metrics, logger=False, batch_size=len(metrics))

@@ -130,7 +130,9 @@ def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flu
     budgets, seed = (4, 16, 64), 3
     module = toy.Module(scenario=_budget_scenario(toy))
     callback = FrameBudgetRandomization(budgets, seed=seed)
-    _, module, log_dir = toy.fit(tmp_path, [callback], module=module, log_every_n_steps=log_every)
+    trainer, module, log_dir = toy.fit(
+        tmp_path, [callback], module=module, log_every_n_steps=log_every
+    )
     sampler = FrameBudgetSampler(budgets, seed=seed)
     ks = [[sampler.budget(p, epoch) for p in ids] for ids, epoch in BATCHES]
     assert [s["budgets"] for s in module.seen] == ks
@@ -141,6 +143,10 @@ def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flu
         for steps in flushes
     }
     assert _logged(toy, log_dir) == expected  # 0, 1 and halves: exact in float32
+    # Monitorable: the last in-step flush is in callback_metrics (ModelCheckpoint, EarlyStopping).
+    last = [f[-1] for f in flushes if (f[-1] + 1) % log_every == 0][-1]
+    monitored = {k: float(trainer.callback_metrics[k]) for k in expected[last]}
+    assert monitored == pytest.approx(expected[last])
 
 
 def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
