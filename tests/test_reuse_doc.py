@@ -21,7 +21,7 @@ def example_code() -> str:
 
 def test_the_reuse_example_runs_from_a_folder_outside_the_repository(tmp_path):
     code = example_code()
-    assert 60 <= len(code.splitlines()) <= 115
+    assert 60 <= len(code.splitlines()) <= 110  # about 100 lines, ruff-formatted
     (tmp_path / "reuse_example.py").write_text(code)
     (tmp_path / "callbacks.py").write_text("OWN = True\n")  # a project's own callbacks module
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as installed: only the paravt package
