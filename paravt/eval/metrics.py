@@ -11,8 +11,8 @@ must say each item's (an item counts in every category it belongs to: LVBench's 
 are multi-label); a metric built without categories refuses them. An item with weight 0 stays
 out of every denominator (the "exclude" unparseable-answer policy).
 
-`GroundingMetric` is temporal grounding: mIoU and R@{0.3, 0.5, 0.7} (the share of items with
-IoU >= threshold), from sums of IoUs and of hits.
+`GroundingMetric` is temporal grounding: `compute()` -> the mIoU tensor, `per_threshold()` -> mIoU
+and R@{0.3, 0.5, 0.7} (the share of items with IoU >= threshold), from sums of IoUs and of hits.
 
 Both are used by `paravt.eval.adapters` reports (hence by `evaluate.py`) and by the
 `BenchmarkValidation` callback during training. This module deliberately does not score answers
@@ -123,7 +123,7 @@ class CategoryMean(Metric):
 
 
 class GroundingMetric(Metric):
-    """mIoU and R@threshold over per-item IoUs; compute() -> {"miou": m, "r@0.3": r, ...}."""
+    """mIoU and R@threshold over per-item IoUs: compute() -> mIoU; per_threshold() -> all."""
 
     full_state_update = False
     higher_is_better = True
@@ -143,9 +143,15 @@ class GroundingMetric(Metric):
         limits = torch.tensor(self.thresholds, dtype=torch.float64, device=ious.device)
         self.hits += (ious[:, None] >= limits[None, :]).to(torch.float64).sum(0)
 
-    def compute(self) -> dict[str, float]:
-        n = self.count.item()
-        recall = (self.hits / n).tolist() if n else [0.0] * len(self.thresholds)
-        out = {"miou": self.iou_sum.item() / n if n else 0.0}
-        out.update({f"r@{t:g}": r for t, r in zip(self.thresholds, recall, strict=True)})
-        return out
+    def compute(self) -> torch.Tensor:
+        """The mIoU, a 0-dim float64 tensor (0 with nothing counted)."""
+        return torch.where(self.count > 0, self.iou_sum / self.count.clamp(min=1), 0.0)
+
+    def per_threshold(self) -> dict[str, float]:
+        """{"miou": m, "r@0.3": r, ...}, reduced over all ranks like compute()."""
+        with self.sync_context(should_sync=self._to_sync, should_unsync=self._should_unsync):
+            n = self.count.item()
+            recall = (self.hits / n).tolist() if n else [0.0] * len(self.thresholds)
+            out = {"miou": self.iou_sum.item() / n if n else 0.0}
+            out.update({f"r@{t:g}": r for t, r in zip(self.thresholds, recall, strict=True)})
+            return out

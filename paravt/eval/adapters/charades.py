@@ -160,7 +160,7 @@ class CharadesBenchmark:
         metric = GroundingMetric()
         metric.update(torch.tensor([float(s["iou"]) for s in scores], dtype=torch.float64))
         metrics = summarize(items, scores, {})
-        metrics.update(metric.compute())
+        metrics.update(metric.per_threshold())
         return metrics
 
 
