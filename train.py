@@ -22,13 +22,18 @@ register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... 
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses) before
-    anything is built or logged (both stages)."""
+    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses), or on a
+    callback named by its old global package, before anything is built or logged (both stages)."""
     from hydra.utils import instantiate
+
+    from paravt.run.build import check_callback_target
 
     for group in ("model", "rollout", "algorithm", "reward"):
         if cfg.get(group) is not None and "_target_" in cfg[group]:
             instantiate(cfg[group])
+    for name, c in (cfg.get("callbacks") or {}).items():
+        if c is not None:
+            check_callback_target(name, str(c.get("_target_", "")))
 
 
 def check_inputs(cfg: DictConfig) -> None:
@@ -114,7 +119,7 @@ def run_job(cfg: DictConfig) -> float | None:
 
         hc = HydraConfig.get()  # the ranks Lightning starts run this job, not the command line
         export_job(hc.overrides.task, hc.runtime.output_dir)
-        from callbacks.progress import route_lightning_logs
+        from paravt.callbacks.progress import route_lightning_logs
         from paravt.run.build import build_run, maybe_cold_start, metric_line, summary
         from paravt.sweep import optimized_metric
 

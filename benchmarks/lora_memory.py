@@ -41,8 +41,9 @@ def measure(path: str, rank: int, kl_coef: float) -> dict[str, float]:
     import torch
 
     from paravt.models.loading import PolicySpec
-    from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+    from paravt.modules.grpo import GRPOModule
     from paravt.rewards.compose import RewardWeights
+    from paravt.rl.algorithm import AlgorithmConfig
 
     lora = {"rank": rank, "alpha": 2.0 * rank} if rank else None
     module = GRPOModule(

@@ -4,6 +4,7 @@
 - `FormatAnchorCurriculum`: schedules the format-reward weight and the anchor coefficient.
 - `RolloutLogger`: writes a few rollouts (text, crop timeline image) to TensorBoard.
 - `BenchmarkValidation`: evaluates the agent on a held-out file; logs accuracy, f_tau, kappa.
+- `ToolUseAlarm`: warns when tool use collapses (kappa low, or tag reversion high, for N steps).
 
 What a module must provide (each callback checks only what it uses, in `setup` or when it
 first reads it, and names the missing piece):
@@ -17,7 +18,10 @@ first reads it, and names the missing piece):
 - `FrameBudgetRandomization`: the DataModule implements `frame_budget.BudgetSink`
   (`set_budget_sampler(sampler)`) and calls `sampler(prompt_id: str, epoch: int) -> int` for
   every prompt when it builds a batch (not in its `setup`, which Lightning runs before the
-  callbacks'); checked in `setup`.
+  callbacks'); checked in `setup`. With plain dataloaders, call `callback.sampler.budget(
+  prompt_id, epoch)` where the batch is built. Its gate reads `last_rollout` as a RolloutRecord
+  or the light `GateRecord` (rewards and tool-call counts [B, G], budgets [B]); without
+  `last_rollout` it warns and logs no gate.
 - `pl_module.evaluate_agent(samples, greedy=True) -> list[Trajectory]` (one per sample, in order)
   and `pl_module.score(trajectory, sample) -> RewardBreakdown` (BenchmarkValidation).
 
@@ -25,18 +29,25 @@ Steps: "every n steps" (RolloutLogger, BenchmarkValidation) and the curriculum's
 optimizer steps (`trainer.global_step`), which advance by several per batch when the module
 steps its optimizer several times (PPO epochs); the triggers fire whenever a multiple of n is
 crossed. Per-rollout logs are written at `RolloutRecord.step`.
+
+Logging: every scalar a callback produces goes through `pl_module.log` / `log_dict`, so it is in
+`trainer.callback_metrics` for ModelCheckpoint or EarlyStopping to monitor. The gate ratios and
+the validation figures are also written to the loggers directly, at the step they describe.
 """
 
-from callbacks.benchmark_validation import BenchmarkValidation
-from callbacks.format_anchor import FormatAnchorCurriculum
-from callbacks.frame_budget import FrameBudgetRandomization
-from callbacks.records import RolloutRecord
-from callbacks.rollout_logger import RolloutLogger
+from paravt.callbacks.benchmark_validation import BenchmarkValidation
+from paravt.callbacks.format_anchor import FormatAnchorCurriculum
+from paravt.callbacks.frame_budget import FrameBudgetRandomization, GateRecord
+from paravt.callbacks.records import RolloutRecord
+from paravt.callbacks.rollout_logger import RolloutLogger
+from paravt.callbacks.tool_alarm import ToolUseAlarm
 
 __all__ = [
     "BenchmarkValidation",
     "FormatAnchorCurriculum",
     "FrameBudgetRandomization",
+    "GateRecord",
     "RolloutLogger",
     "RolloutRecord",
+    "ToolUseAlarm",
 ]

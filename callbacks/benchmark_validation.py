@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 
-from callbacks.schedules import crossed_multiple
+from paravt.callbacks.schedules import crossed_multiple
 from paravt.data.datasets import load_samples
 from paravt.eval.metrics import CategoryMean
 from paravt.rl.metrics import format_compliance
@@ -162,15 +162,16 @@ class BenchmarkValidation(pl.Callback):
         accs = [float(r.accuracy) for r in rewards]
         fmts = [float(format_compliance(r)) for r in rewards]
         kappas = [float(t.num_calls) for t in trajectories]
-        accuracy.update(torch.tensor(accs, dtype=torch.float64), [_labels(s) for s in shard])
+        labels = [_labels(s) for s in shard] if accuracy.categories else None
+        accuracy.update(torch.tensor(accs, dtype=torch.float64), categories=labels)
         fmt.update(torch.tensor(fmts, dtype=torch.float64))
         calls.update(torch.tensor(kappas, dtype=torch.float64))
         prefix = f"val/{self.name}"
-        by_category = accuracy.compute()  # reduced over all ranks
+        by_category = accuracy.per_category()  # reduced over all ranks
         out = {f"{prefix}/accuracy": by_category.pop("overall")}
         out.update({f"{prefix}/accuracy/{k}": v for k, v in by_category.items()})
-        out[f"{prefix}/f_tau"] = fmt.compute()["overall"]
-        out[f"{prefix}/kappa"] = calls.compute()["overall"]
+        out[f"{prefix}/f_tau"] = float(fmt.compute())
+        out[f"{prefix}/kappa"] = float(calls.compute())
         return out
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

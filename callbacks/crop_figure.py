@@ -1,8 +1,8 @@
 """The crop-timeline figure a person reads at a glance: axis in seconds, truth, labelled rows.
 
-`timeline_figure` frames the bars of `callbacks.rollout_logger.draw_crop_timeline` with a title
-(sample id, step, frame budget), one label per rollout (its reward and answer), a time axis with
-ticks in seconds and a legend. Drawn with Pillow (a dependency already; matplotlib is not), so
+`timeline_figure` frames the bars of `paravt.callbacks.rollout_logger.draw_crop_timeline` with a
+title (sample id, step, frame budget), one label per rollout (its reward and answer), a time axis
+with ticks in seconds and a legend. Drawn with Pillow (a dependency already; matplotlib is not), so
 it is pure image code: plain values in, an [H, W, 3] uint8 array out. It does not pick rollouts
 or read trajectories; RolloutLogger does.
 """

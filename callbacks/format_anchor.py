@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 
-from callbacks.schedules import check_schedule, schedule_value
+from paravt.callbacks.schedules import check_schedule, schedule_value
 
 FORMAT_KEY = "curriculum/format_weight"
 ANCHOR_KEY = "curriculum/anchor_coef"
@@ -85,8 +85,8 @@ class FormatAnchorCurriculum(pl.Callback):
             if schedule is not None and not isinstance(pl_module, protocol):
                 raise TypeError(
                     f"FormatAnchorCurriculum: {key} needs {name} to implement "
-                    f"callbacks.format_anchor.{protocol.__name__} (a method `{method}` that the "
-                    f"step reads from then on); add it or drop {key}"
+                    f"paravt.callbacks.format_anchor.{protocol.__name__} (a method `{method}` that "
+                    f"the step reads from then on); add it or drop {key}"
                 )
 
     def on_train_batch_start(

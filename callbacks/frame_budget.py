@@ -8,19 +8,27 @@ rollouts out-scored tool-free ones), the number of groups where that is undefine
 present), and the mean budget.
 
 The DataModule must call the sampler as `sampler(prompt_id, epoch)` when it builds a batch, not in
-its own `setup`: Lightning runs the DataModule's `setup` before the callbacks' `setup`. This module
+its own `setup`: Lightning runs the DataModule's `setup` before the callbacks' `setup`. With plain
+dataloaders (no DataModule) the same sampler is the hook: call `callback.sampler.budget(prompt_id,
+epoch)` where the batch is built (a collate function, a Dataset).
+
+The gate is read from `pl_module.last_rollout` after each step: paravt's `RolloutRecord`, or the
+light `GateRecord` (rewards [B, G], tool-call counts [B, G], budgets [B]) that is all it uses. A
+module without `last_rollout` gets a warning and no gate logging, never an error. This module
 deliberately does not sample frames or decide how K is applied (the DataModule and the agent do).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks.records import RolloutRecord, latest_rollout
+from paravt.callbacks.records import RolloutRecord
 from paravt.rl.budget import DEFAULT_BUDGETS, FrameBudgetSampler, GateStat, gate_ratio
 
 
@@ -33,16 +41,41 @@ class BudgetSink(Protocol):
         ...
 
 
-def step_gate_stats(record: RolloutRecord) -> dict[int, GateStat]:
-    """Per-budget gate statistic of one step's groups (tool use: `num_calls > 0`)."""
-    num_groups, group_size = record.num_groups, record.group_size
-    rewards = torch.tensor([r.total for r in record.rewards], dtype=torch.float64)
-    calls = torch.tensor([t.num_calls for t in record.trajectories])
-    return gate_ratio(
-        rewards.view(num_groups, group_size),  # [B, G]
-        calls.view(num_groups, group_size),  # [B, G]
-        record.budgets,  # [B]
-    )
+@dataclass(frozen=True)
+class GateRecord:
+    """What the gate statistic reads of one step: rewards and tool calls [B, G], budgets [B]."""
+
+    step: int
+    rewards: torch.Tensor  # [B, G] total reward of each rollout
+    tool_calls: torch.Tensor  # [B, G] tool calls each rollout made
+    budgets: tuple[int, ...]  # [B] frame budget K of each prompt
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(int(k) for k in self.budgets))
+        if (
+            self.rewards.dim() != 2
+            or self.tool_calls.shape != self.rewards.shape
+            or len(self.budgets) != self.rewards.shape[0]
+        ):
+            raise ValueError(
+                f"GateRecord needs rewards [B, G], tool_calls [B, G] and budgets [B]; got "
+                f"{tuple(self.rewards.shape)}, {tuple(self.tool_calls.shape)}, "
+                f"{len(self.budgets)} budgets"
+            )
+
+    @classmethod
+    def of(cls, record: RolloutRecord) -> GateRecord:
+        """The gate's view of a full `RolloutRecord` (group-major trajectories)."""
+        shape = (record.num_groups, record.group_size)
+        rewards = torch.tensor([r.total for r in record.rewards], dtype=torch.float64)
+        calls = torch.tensor([t.num_calls for t in record.trajectories])
+        return cls(record.step, rewards.view(shape), calls.view(shape), record.budgets)
+
+
+def step_gate_stats(record: RolloutRecord | GateRecord) -> dict[int, GateStat]:
+    """Per-budget gate statistic of one step's groups (tool use: more than 0 calls)."""
+    gate = record if isinstance(record, GateRecord) else GateRecord.of(record)
+    return gate_ratio(gate.rewards, gate.tool_calls, gate.budgets)
 
 
 def merge_gate_stats(per_step: Sequence[dict[int, GateStat]]) -> dict[int, GateStat]:
@@ -89,20 +122,22 @@ class FrameBudgetRandomization(pl.Callback):
         self._pending: list[dict[int, GateStat]] = []
         self._budgets: list[int] = []
         self._last_step = 0
+        self._warned = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None:
-            raise RuntimeError(
-                "FrameBudgetRandomization needs a LightningDataModule implementing "
-                "callbacks.frame_budget.BudgetSink; pass it as trainer.fit(model, "
-                "datamodule=...) instead of bare dataloaders"
+            rank_zero_warn(
+                "FrameBudgetRandomization: no LightningDataModule to hand the sampler to; with "
+                "plain dataloaders draw each prompt's budget with "
+                "`callback.sampler.budget(prompt_id, epoch)` where the batch is built"
             )
+            return
         if not isinstance(datamodule, BudgetSink):
             raise TypeError(
                 f"FrameBudgetRandomization: {type(datamodule).__name__} does not implement "
-                "callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` and "
-                "call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
+                "paravt.callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` "
+                "and call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
             )
         datamodule.set_budget_sampler(self.sampler.budget)
 
@@ -114,8 +149,8 @@ class FrameBudgetRandomization(pl.Callback):
         batch: object,
         batch_idx: int,
     ) -> None:
-        record = latest_rollout(pl_module, type(self).__name__)
-        if record is None or not record.num_groups:
+        record = self._gate_record(pl_module)
+        if record is None or not len(record.budgets):
             return
         self._pending.append(step_gate_stats(record))
         self._budgets.extend(record.budgets)
@@ -123,17 +158,41 @@ class FrameBudgetRandomization(pl.Callback):
         # Lightning's own cadence ((step + 1) % log_every_n_steps == 0), pooled over the steps in
         # between so that a ratio rests on more than the one or two groups a budget gets per step.
         if (record.step + 1) % trainer.log_every_n_steps == 0:
-            self._flush(trainer)
+            self._flush(trainer, pl_module)
+
+    def _gate_record(self, pl_module: pl.LightningModule) -> GateRecord | None:
+        if not hasattr(pl_module, "last_rollout"):
+            if not self._warned:
+                rank_zero_warn(
+                    f"FrameBudgetRandomization: {type(pl_module).__name__} has no `last_rollout`,"
+                    " so the gate ratio is not logged; set it to a GateRecord (rewards and tool "
+                    "calls [B, G], budgets [B]) or a RolloutRecord after every training_step"
+                )
+                self._warned = True
+            return None
+        record = pl_module.last_rollout
+        if record is None or isinstance(record, GateRecord):
+            return record
+        if isinstance(record, RolloutRecord):
+            return GateRecord.of(record)
+        raise TypeError(
+            f"FrameBudgetRandomization: {type(pl_module).__name__}.last_rollout must be a "
+            f"GateRecord, a RolloutRecord or None, got {type(record).__name__}"
+        )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._flush(trainer)  # the steps after the last logging boundary
+        self._flush(trainer, None)  # the steps after the last logging boundary
 
-    def _flush(self, trainer: pl.Trainer) -> None:
+    def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None) -> None:
         if not self._pending:
             return
         metrics = budget_metrics(merge_gate_stats(self._pending), self._budgets)
         self._pending, self._budgets = [], []
-        # Straight to the loggers: self.log would re-send a budget's last ratio on later steps
-        # where that budget had no defined group.
+        # To the loggers at this step: pl_module.log would re-send a budget's last ratio on
+        # later steps where that budget had no defined group. Through pl_module.log with
+        # logger=False too, so they are in callback_metrics for ModelCheckpoint / EarlyStopping
+        # (not possible in on_train_end, where Lightning allows no self.log).
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=self._last_step)
+        if pl_module is not None:
+            pl_module.log_dict(metrics, logger=False, batch_size=len(metrics))

@@ -23,6 +23,6 @@ def latest_rollout(pl_module: object, callback: str) -> RolloutRecord | None:
     if record is not None and not isinstance(record, RolloutRecord):
         raise TypeError(
             f"{callback}: {type(pl_module).__name__}.last_rollout must be a "
-            f"callbacks.records.RolloutRecord or None, got {type(record).__name__}"
+            f"paravt.callbacks.records.RolloutRecord or None, got {type(record).__name__}"
         )
     return record

@@ -8,10 +8,10 @@ at the record's own `step`,
 - `rollouts/crop_timeline` (image): for the prompt of the best rollout, one row per rollout of
   its group with the windows it cropped drawn as bars on the video's timeline (seconds, with
   ticks), over the shaded ground-truth windows; each row labelled with its reward and answer,
-  the title naming the sample, the step and the frame budget K (`callbacks.crop_figure`).
+  the title naming the sample, the step and the frame budget K (`paravt.callbacks.crop_figure`).
   With `png_path`, the last one is also saved there as a PNG when training ends.
 Texts and the image reach every logger that holds them (TensorBoard, W&B, MLflow:
-`callbacks.tracker_io`); with none (CSV only, or no logger) it warns once and does nothing.
+`paravt.callbacks.tracker_io`); with none (CSV only, or no logger) it warns once and does nothing.
 matplotlib is not a dependency: the bars are drawn with numpy by the pure `draw_crop_timeline`,
 the labels with Pillow. This module deliberately logs no scalars (the module and other callbacks
 do) and writes only on global rank 0.
@@ -29,10 +29,10 @@ import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks.crop_figure import PLOT_WIDTH, ROW_HEIGHT, timeline_figure
-from callbacks.records import RolloutRecord, latest_rollout
-from callbacks.schedules import crossed_multiple
-from callbacks.tracker_io import TrackerWriter
+from paravt.callbacks.crop_figure import PLOT_WIDTH, ROW_HEIGHT, timeline_figure
+from paravt.callbacks.records import RolloutRecord, latest_rollout
+from paravt.callbacks.schedules import crossed_multiple
+from paravt.callbacks.tracker_io import TrackerWriter
 from paravt.rewards.accuracy import extract_answer
 from paravt.types import RewardBreakdown, Trajectory, Turn
 

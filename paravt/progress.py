@@ -2,7 +2,7 @@
 
 Pure of any framework (tqdm is imported only on a terminal), so core loops (data generation,
 supervised steps, teacher tracing, evaluation) can wrap their iterables in `track`. The Lightning
-side (the RL step display) is `callbacks.progress.StepProgress`, which formats with
+side (the RL step display) is `paravt.callbacks.progress.StepProgress`, which formats with
 `progress_line` here.
 """
 

@@ -27,6 +27,8 @@ CORE = [
     "paravt.rl.budget",
     "paravt.rl.metrics",
     "paravt.rl.objective",
+    "paravt.rl.algorithm",
+    "paravt.rl.paragrpo_loss",
     "paravt.data.schemas",
     "paravt.data.sft_schema",
     "paravt.rl.microbatch",
@@ -68,7 +70,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.data",),  # datasets, SFT encoding, PromptDataModule
     ("paravt.eval",),  # benchmark adapters, scoring, runner
     ("paravt.modules",),  # Lightning objects
-    ("callbacks",),  # Lightning callbacks (a top-level package beside paravt)
+    ("paravt.callbacks",),  # Lightning callbacks (the top-level callbacks/ folder)
     ("paravt.run",),  # run assembly, cold start, reports, `paravt rollout`
     ("paravt.cli", "paravt.sweep", "paravt.config_hints", "paravt.lmms"),  # entry points, plugins
 ]
@@ -80,6 +82,7 @@ def _modules() -> dict[str, Path]:
     for top in ("paravt", "callbacks"):
         for path in (ROOT / top).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = ("paravt", *parts) if top == "callbacks" else parts  # pyproject's mapping
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, astuple, dataclass, field, replace
+from dataclasses import asdict, astuple, replace
 
 import lightning.pytorch as pl
 import torch
@@ -42,9 +42,8 @@ from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_rew
 from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeGuard
 from paravt.rewards.judged import judged_rewards
-from paravt.rewards.structural import STRUCTURAL_TAGS, structural_mask, structural_token_ids
-from paravt.rl.importance import MODES as IMPORTANCE_MODES
-from paravt.rl.importance import check as check_importance
+from paravt.rewards.structural import structural_mask, structural_token_ids
+from paravt.rl.algorithm import AlgorithmConfig
 from paravt.rl.importance import gap_metrics, gap_sums
 from paravt.rl.kl import kl_penalty
 from paravt.rl.microbatch import (
@@ -55,9 +54,8 @@ from paravt.rl.microbatch import (
     split_weights,
     token_budget_chunks,
 )
-from paravt.rl.mismatch import check_mode, mismatch_metrics, needs_trainer_logprobs
+from paravt.rl.mismatch import mismatch_metrics, needs_trainer_logprobs
 from paravt.rl.objective import (
-    AdvantageConfig,
     LossSettings,
     MicroBatchTerms,
     advantage_metrics,
@@ -68,42 +66,6 @@ from paravt.rl.objective import (
 from paravt.rl.truncation import keep_uncut
 from paravt.rollout.records import RolloutBatch, RolloutRecord
 from paravt.types import RewardBreakdown, Sample, Trajectory
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """The policy objective: loss variant, clipping, KL, structural anchor, PPO schedule."""
-
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    iw_cap: float | None = 5.0
-    aggregation: str = "token_mean"
-    # Dr.GRPO's constant divisor (seq_mean_token_sum_norm); None: the maximum response length,
-    # rollout.agent.max_new_tokens x (max_rounds + 1).
-    norm_length: int | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k1"
-    kl_in_reward: bool = True
-    anchor_coef: float = 0.0
-    anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
-    ppo_epochs: int = 1
-    ppo_mini_batches: int = 1  # optimiser steps per PPO epoch
-    micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch (packed: tokens)
-    # True: each micro-batch is one packed row, cut by its tokens in all, no padding
-    # (paravt.modules.packed_forward); the loss and its gradient equal the padded path's.
-    pack_update: bool = False
-    max_grad_norm: float = 1.0
-    train_subagents: bool = False
-    # Engine / trainer mismatch (paravt.rl.mismatch): null, "token_truncate", "token_mask",
-    # "tis" or "mis" (paravt.rl.importance, at engine_is_level token | sequence).
-    engine_is_correction: str | None = None
-    engine_is_cap: float = 2.0
-    engine_is_level: str = "token"
-    # True: a trajectory cut by the token or turn limit leaves the loss (paravt.rl.truncation).
-    mask_truncated: bool = False
-
 
 ZERO_WEIGHTS = MicroWeights(policy=0.0, kl=0.0, anchor=0.0)
 # Skip counts each rank keeps of its own prompts (summed over ranks; load-time ones are equal).
@@ -146,11 +108,6 @@ class GRPOModule(pl.LightningModule):
         # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
-        check_mode(algorithm.engine_is_correction)
-        if algorithm.engine_is_correction in IMPORTANCE_MODES:  # a bad level fails at start-up
-            check_importance(
-                algorithm.engine_is_correction, algorithm.engine_is_level, algorithm.engine_is_cap
-            )
         self.scheduler_factory = scheduler
         self.seed = seed
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
@@ -361,7 +318,7 @@ class GRPOModule(pl.LightningModule):
 
     def _proximal_logprobs(self, trajs, temperature: float) -> list[torch.Tensor | None]:
         """pi_prox for the decoupled loss: the policy before this update, one pass, no grad."""
-        if not needs_trainer_logprobs(self.algo.loss, self.algo.engine_is_correction):
+        if not needs_trainer_logprobs(self.algo.loss):
             return [None] * len(trajs)
         out: list[torch.Tensor | None] = [None] * len(trajs)
         with torch.no_grad():
@@ -451,21 +408,7 @@ class GRPOModule(pl.LightningModule):
         return metrics
 
     def _loss_settings(self) -> LossSettings:
-        algo = self.algo
-        return LossSettings(
-            loss=algo.loss,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            iw_cap=algo.iw_cap,
-            aggregation=algo.aggregation,
-            norm_length=self.norm_length,
-            kl_estimator=algo.kl_estimator,
-            kl_coef=algo.kl_coef,
-            anchor_coef=self.anchor_coef,
-            engine_is_correction=algo.engine_is_correction,
-            engine_is_cap=algo.engine_is_cap,
-            engine_is_level=algo.engine_is_level,
-        )
+        return self.algo.loss_settings(self.norm_length, self.anchor_coef)
 
     def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:
         return RolloutRecord(

@@ -330,12 +330,19 @@ def accuracy_reward(
     open_ended: str = "f1",
     judge: Judge | None = None,
 ) -> float:
-    """R_acc in [0, 1] for an already extracted answer (see `extract_answer`).
+    """R_acc in [0, 1] for an already extracted answer (see `extract_answer`), never a whole
+    trajectory: its reasoning would score as part of the answer (a text holding `</answer>` is
+    refused; `compute_reward` extracts and scores a whole text).
 
     A normalised exact match scores 1 first; otherwise `mcq` compares option letters, `tvg`
     takes the temporal IoU of the first interval, `oe` uses the `open_ended` scorer ("f1",
     "exact", or "judge" with `judge` given). An empty answer scores 0, whatever the gold.
     """
+    if "</answer>" in answer_text:  # extract_answer never leaves one: a whole trajectory
+        raise ValueError(
+            "accuracy_reward scores an extracted answer, got a text holding </answer>; pass "
+            "extract_answer(text), or score the whole trajectory with compute_reward(text, ...)"
+        )
     kind = question_type.strip().lower()
     if kind not in _BY_TYPE:
         raise ValueError(

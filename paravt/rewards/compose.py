@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
 from paravt.rewards.format import FORMULAS, FormatTerms, format_reward, is_degenerate
 from paravt.rewards.tool import tool_reward
-from paravt.types import RewardBreakdown, Sample, Trajectory
+from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory
 
 
 @dataclass(frozen=True)
@@ -142,15 +142,27 @@ def compute_reward(
     question_type: str,
     *,
     options: Sequence[str] = (),
-    num_valid_calls: int = 0,
-    num_tool_responses: int = 0,
+    num_valid_calls: int | None = None,
+    num_tool_responses: int | None = None,
     weights: RewardWeights = RewardWeights(),  # frozen, so one shared default is safe
     judge: Judge | None = None,
     open_ended: str = "f1",
     extra: Mapping[str, tuple[RewardFn, float]] | None = None,
     sample_id: str = "",
+    calls: Sequence[ParsedCall] | None = None,
+    tool_results: Sequence[ToolResult] | None = None,
 ) -> RewardBreakdown:
-    """The reward of one trajectory from its own text (every turn, forced prefixes included)."""
+    """The reward of one trajectory from its own text (every turn, forced prefixes included).
+
+    `text` is the WHOLE trajectory, never an extracted answer: R_fmt reads its tags and R_acc
+    extracts the answer itself (`accuracy_reward` scores an already extracted one). R_tool needs
+    what the calls did: pass the turn's `calls` (ParsedCall, from the parser) and
+    `tool_results` (ToolResult, from the executor), or their counts; a text holding a
+    `<tool_call>` with neither is refused, since R_tool would silently be 0.
+    """
+    num_valid_calls, num_tool_responses = _tool_counts(
+        text, num_valid_calls, num_tool_responses, calls, tool_results
+    )
     extra = extra or {}
     if is_degenerate(text):
         zero_fmt = FormatTerms(**{f.name: 0.0 for f in fields(FormatTerms)})
@@ -185,6 +197,29 @@ def compute_reward(
         tool=tool,
         components={**parts, "degenerate": 0.0, "total": total},
     )
+
+
+def _tool_counts(
+    text: str,
+    num_valid_calls: int | None,
+    num_tool_responses: int | None,
+    calls: Sequence[ParsedCall] | None,
+    tool_results: Sequence[ToolResult] | None,
+) -> tuple[int, int]:
+    """(valid calls, tool responses) from the counts or from the parsed calls and results."""
+    if calls is not None and num_valid_calls is not None:
+        raise ValueError("compute_reward: pass calls= or num_valid_calls=, not both")
+    if tool_results is not None and num_tool_responses is not None:
+        raise ValueError("compute_reward: pass tool_results= or num_tool_responses=, not both")
+    valid = sum(c.ok for c in calls) if calls is not None else num_valid_calls
+    responses = sum(r.ok for r in tool_results) if tool_results is not None else num_tool_responses
+    if valid is None and responses is None and "<tool_call>" in text:
+        raise ValueError(
+            "compute_reward: the text holds a <tool_call> but R_tool has nothing to read; pass "
+            "calls= (the parser's ParsedCalls) and tool_results= (the executor's ToolResults), "
+            "or num_valid_calls= and num_tool_responses= (0 and 0 if the calls did nothing)"
+        )
+    return valid or 0, responses or 0
 
 
 def is_well_formed(reward: RewardBreakdown) -> bool:

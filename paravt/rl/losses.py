@@ -1,5 +1,6 @@
 """Policy-gradient losses of PARA-GRPO: the PPO clipped surrogate, its decoupled off-policy form,
-the KL loss term, token aggregation and entropy.
+PPO corrected for the engine / trainer mismatch (a registry, `POLICY_LOSSES`), the KL loss term,
+token aggregation and entropy. `paravt.rl.paragrpo_loss.PARAGRPOLoss` puts them in one object.
 
 Conventions shared by every function here:
 - `mask` is the loss mask [N, T] (1 = a token the policy wrote and is trained on). Inputs are
@@ -285,6 +286,7 @@ def ppo_policy_loss(
     agg: str = "token_mean",
     norm_length: int | None = None,
     entropy: Tensor | None = None,
+    iw_cap_mode: str = "mask",  # unused, as iw_cap
 ) -> tuple[Tensor, LossMetrics]:
     """Registry form of plain PPO: the ratio is taken against the proximal (recomputed) policy."""
     return ppo_clip_loss(
@@ -292,17 +294,81 @@ def ppo_policy_loss(
     )
 
 
+def engine_is_ppo_loss(
+    logp: Tensor,  # [N, T] current policy
+    trainer_logp: Tensor,  # [N, T] the trainer's own log-probs before this update (no grad)
+    engine_logp: Tensor,  # [N, T] the rollout engine's log-probs of the sampled tokens
+    adv: Tensor,  # [N] or [N, T]
+    mask: Tensor,  # [N, T]
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    iw_cap: float | None = 2.0,
+    agg: str = "token_mean",
+    norm_length: int | None = None,
+    entropy: Tensor | None = None,
+    iw_cap_mode: str = "clamp",
+) -> tuple[Tensor, LossMetrics]:
+    """PPO corrected for the engine / trainer log-prob mismatch (`paravt.rl.mismatch`).
+
+    A bf16 engine and the trainer disagree slightly on the same tokens; plain PPO would read the
+    gap as a policy change and clip it. Here the ratio is anchored to the trainer's own
+    pre-update log-probs and each token weighted by w = pi_trainer / pi_engine capped at
+    `iw_cap`: "clamp" (truncated importance sampling, TRL's `vllm_importance_sampling_correction`
+    with mode token_truncate and cap 2, the defaults) or "mask" (weights above the cap count 0).
+    That is decoupled PPO with pi_prox = the trainer and pi_behav = the engine.
+    """
+    return decoupled_ppo_loss(
+        logp,
+        trainer_logp,
+        engine_logp,
+        adv,
+        mask,
+        clip_low,
+        clip_high,
+        iw_cap,
+        agg,
+        norm_length,
+        entropy,
+        iw_cap_mode,
+    )
+
+
+# Every entry is called as fn(logp, proximal, behaviour, adv, mask, clip_low, clip_high,
+# iw_cap=, agg=, norm_length=, entropy=, iw_cap_mode=); `needs_proximal` says which of them
+# read the trainer's own pre-update log-probs as `proximal` (one no-grad pass per step).
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, LossMetrics]]] = {
     "ppo": ppo_policy_loss,
     "decoupled_ppo": decoupled_ppo_loss,
+    "ppo_engine_is": engine_is_ppo_loss,
 }
+NEEDS_PROXIMAL = frozenset({"decoupled_ppo", "ppo_engine_is"})
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, LossMetrics]]:
     """Look up a policy loss by name; entries take (logp, proximal, behaviour, adv, mask, ...)."""
     if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
+        hint = (
+            " ('grpo' is the advantage estimator, algorithm.advantage.estimator; GRPO's policy "
+            "loss is 'ppo', the clipped surrogate on group-normalised advantages)"
+            if name == "grpo"
+            else ""
+        )
+        raise ValueError(
+            f"unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}{hint}"
+        )
     return POLICY_LOSSES[name]
+
+
+def check_mask(mask: Tensor, name: str = "mask") -> Tensor:
+    """`mask` as bool: a bool mask, or one of 0/1 in any dtype; other values are refused."""
+    if mask.dtype == torch.bool:
+        return mask
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            f"{name} must be bool or hold only 0 and 1 (1 = a trained token), got values "
+            f"{sorted(set(mask.flatten().tolist()))[:5]}...; pass (mask > 0) if that is meant"
+        )
+    return mask.bool()
 
 
 def kl_loss(
@@ -317,8 +383,14 @@ def kl_loss(
     """KL to the reference as a loss term: coef * agg(estimator(logp, ref)).
 
     Use k3 (GRPO paper) or k2 here: the expected gradient of k1 is zero, so as a loss it only
-    adds noise; k1 belongs on the reward side (kl.fold_kl_into_rewards).
+    adds noise and is refused; k1 belongs on the reward side (kl.fold_kl_into_rewards).
     """
+    if estimator == "k1":
+        raise ValueError(
+            "kl_estimator='k1' as a loss term only adds noise (its expected gradient is zero); "
+            "use 'k3' (the GRPO paper) or 'k2', or put k1 on the reward side "
+            "(algorithm.kl_in_reward=true)"
+        )
     per_token = kl_penalty(logp, ref_logp.detach(), estimator, mask)
     return coef * get_aggregation(agg)(per_token, mask.bool(), norm_length)
 

@@ -10,23 +10,24 @@ token by w = pi_old / pi_engine, truncated at a cap:
 
     token_truncate   w = min(w, cap)                    (TRL's default mode, clamp)
     token_mask       w = 0 where w > cap, else w        (AReaL-style masking)
+    tis / mis        verl's rollout correction (`paravt.rl.importance`): truncated, or masked
+                     outside [1/cap, cap], per token or per sequence (`engine_is_level`)
 
-That is exactly decoupled PPO with pi_prox = pi_old and pi_behav = pi_engine
-(`paravt.rl.losses.decoupled_ppo_loss`), so the correction reuses it. This module also measures
-the mismatch for logging. Pure tensors in, tensors and floats out; no model runs here.
+That is decoupled PPO with pi_prox = pi_old and pi_behav = pi_engine, the loss registry's
+named entry `ppo_engine_is` (`paravt.rl.losses.engine_is_ppo_loss`; `algorithm.loss:
+ppo_engine_is`, its cap `engine_is_cap`, its rule `engine_is_correction`). This module names the
+rules and measures the mismatch for logging. Pure tensors in, tensors and floats out.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor
 
 from paravt.rl import importance
-from paravt.rl.losses import decoupled_ppo_loss, get_policy_loss, masked_mean
+from paravt.rl.losses import NEEDS_PROXIMAL, masked_mean
 
+# algorithm.engine_is_correction -> the capping rule (`iw_cap_mode`) of the behaviour weights.
 MODES = {"token_truncate": "clamp", "token_mask": "mask"}
 # tis / mis at algorithm.engine_is_level token | sequence: paravt.rl.importance (verl's
 # rollout correction; mis masks weights outside [1/cap, cap]).
@@ -40,32 +41,9 @@ def check_mode(mode: str | None) -> None:
         )
 
 
-def needs_trainer_logprobs(loss: str, mode: str | None) -> bool:
+def needs_trainer_logprobs(loss: str) -> bool:
     """Whether the update needs the trainer's own pre-update log-probs (one no-grad pass)."""
-    return loss == "decoupled_ppo" or mode is not None
-
-
-def policy_loss(loss: str, mode: str | None, cap: float, level: str = "token") -> Callable:
-    """The registry's loss `loss`, corrected for the engine mismatch when `mode` is set.
-
-    With a mode, plain PPO becomes decoupled PPO against the trainer's log-probs with the
-    truncated weight; `decoupled_ppo` keeps its own `iw_cap` (it already corrects) but takes
-    the mode's capping rule. Every entry keeps the registry's call signature."""
-    check_mode(mode)
-    if mode is None:
-        return get_policy_loss(loss)
-    if cap < 1.0:
-        raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {cap}")
-    if mode in importance.MODES:  # decoupled PPO with the TIS / MIS weight of `level`
-        importance.check(mode, level, cap)
-        return partial(importance.corrected_loss, mode=mode, level=level, cap=cap)
-    if loss == "ppo":
-
-        def corrected(*args, iw_cap=None, **kwargs):
-            return decoupled_ppo_loss(*args, iw_cap=cap, iw_cap_mode=MODES[mode], **kwargs)
-
-        return corrected
-    return partial(get_policy_loss(loss), iw_cap_mode=MODES[mode])
+    return loss in NEEDS_PROXIMAL
 
 
 def mismatch_metrics(

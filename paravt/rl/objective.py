@@ -13,20 +13,22 @@ LightningModule passes log-probs from its forward passes) and never calls backwa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from paravt.rewards.structural import structural_anchor_loss
+from paravt.rl import importance
 from paravt.rl.advantages import (
     batch_normalize,
     get_advantage_fn,
     shape_rewards,
     zero_variance_groups,
 )
-from paravt.rl.losses import kl_loss
+from paravt.rl.losses import LossMetrics, check_mask, get_aggregation, get_policy_loss, kl_loss
 from paravt.rl.metrics import (
     drift_metrics,
     f_tau,
@@ -37,7 +39,7 @@ from paravt.rl.metrics import (
     tag_reversion,
 )
 from paravt.rl.microbatch import MicroWeights
-from paravt.rl.mismatch import policy_loss
+from paravt.rl.mismatch import MODES, check_mode
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -139,7 +141,14 @@ def rollout_metrics(
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The objective's knobs (from `AlgorithmConfig`; `anchor_coef` as the curriculum set it)."""
+    """The objective's knobs (from `AlgorithmConfig`; `anchor_coef` as the curriculum set it).
+
+    `loss` names an entry of `paravt.rl.losses.POLICY_LOSSES`. Its behaviour importance weights
+    (`behaviour_weights`): `decoupled_ppo` caps them at `iw_cap`, `ppo_engine_is` (the engine-
+    mismatch correction) at `engine_is_cap`; `engine_is_correction` picks the capping rule of
+    either (null: masking for decoupled_ppo, token_truncate for ppo_engine_is). Plain `ppo`
+    applies no weight, so a correction set beside it is refused rather than ignored.
+    """
 
     loss: str = "ppo"
     clip_low: float = 0.2
@@ -147,12 +156,48 @@ class LossSettings:
     iw_cap: float | None = 5.0
     aggregation: str = "token_mean"
     norm_length: int | None = None  # Dr.GRPO's constant divisor
-    kl_estimator: str = "k1"
+    kl_estimator: str = "k3"  # of the KL loss term (k1 is refused there: it only adds noise)
     kl_coef: float = 0.0
     anchor_coef: float = 0.0
-    engine_is_correction: str | None = None  # paravt.rl.mismatch: engine/trainer correction
+    engine_is_correction: str | None = None  # paravt.rl.mismatch.ALL_MODES
     engine_is_cap: float = 2.0
     engine_is_level: str = "token"  # tis / mis: token or sequence (geometric mean) ratios
+
+    def __post_init__(self) -> None:
+        get_policy_loss(self.loss)
+        get_aggregation(self.aggregation)
+        check_mode(self.engine_is_correction)
+        if self.engine_is_cap < 1.0:
+            raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {self.engine_is_cap}")
+        if self.engine_is_correction in importance.MODES:
+            importance.check(self.engine_is_correction, self.engine_is_level, self.engine_is_cap)
+        if self.loss == "ppo" and self.engine_is_correction is not None:
+            raise ValueError(
+                f"algorithm.engine_is_correction={self.engine_is_correction} does nothing with "
+                "loss=ppo: the engine-mismatch correction is its own loss; fix: "
+                "algorithm.loss=ppo_engine_is (or engine_is_correction=null)"
+            )
+
+    def behaviour_weights(self) -> tuple[float | None, str]:
+        """(cap, capping rule) of the policy loss's behaviour importance weights (the
+        token_truncate / token_mask rules; tis / mis weigh in `policy_loss`)."""
+        if self.loss == "ppo_engine_is":
+            return self.engine_is_cap, MODES[self.engine_is_correction or "token_truncate"]
+        return self.iw_cap, MODES[self.engine_is_correction or "token_mask"]
+
+    def policy_loss(self) -> Callable[..., tuple[Tensor, LossMetrics]]:
+        """The registry's `loss` with its behaviour weights bound: capped by `behaviour_weights`,
+        or, with tis / mis, verl's rollout correction of `paravt.rl.importance` in their place
+        (decoupled PPO against the trainer's pre-update log-probs)."""
+        if self.engine_is_correction in importance.MODES:
+            return partial(
+                importance.corrected_loss,
+                mode=self.engine_is_correction,
+                level=self.engine_is_level,
+                cap=self.engine_is_cap,
+            )
+        cap, rule = self.behaviour_weights()
+        return partial(get_policy_loss(self.loss), iw_cap=cap, iw_cap_mode=rule)
 
 
 @dataclass(frozen=True)
@@ -163,7 +208,7 @@ class MicroBatchTerms:
     proximal: Tensor  # [N, T] pi_prox log-probs (the behaviour's unless decoupled)
     behaviour: Tensor  # [N, T] the engine's log-probs at sampling time
     advantages: Tensor  # [N] one advantage per row
-    mask: Tensor  # [N, T] bool, trained tokens
+    mask: Tensor  # [N, T] bool (or 0/1), trained tokens
     entropy: Tensor | None = None  # [N, T] for the entropy metric
     structural: Tensor | None = None  # [N, T] bool, anchored positions (None: no anchor term)
     reference: Tensor | None = None  # [N, T] reference log-probs (None: no KL loss term)
@@ -178,14 +223,8 @@ def micro_objective(
 
     L_anchor only with `structural` and a non-zero coefficient, L_kl only with `reference`
     (the KL as a loss term; folded into the reward instead, it is not here)."""
-    logp, mask, behaviour = terms.logp, terms.mask, terms.behaviour
-    corrected = policy_loss(
-        settings.loss,
-        settings.engine_is_correction,
-        settings.engine_is_cap,
-        settings.engine_is_level,
-    )
-    loss, m = corrected(
+    logp, mask, behaviour = terms.logp, check_mask(terms.mask), terms.behaviour
+    loss, m = settings.policy_loss()(
         logp,
         terms.proximal,
         behaviour,
@@ -193,7 +232,6 @@ def micro_objective(
         mask,
         settings.clip_low,
         settings.clip_high,
-        iw_cap=settings.iw_cap,
         agg=settings.aggregation,
         norm_length=settings.norm_length,
         entropy=terms.entropy,

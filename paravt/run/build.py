@@ -13,6 +13,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from paravt.errors import UserError
 from paravt.run.loggers import build_loggers, record_run
 from paravt.run.run_dirs import shown
 
@@ -38,7 +39,20 @@ class Run:
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    entries = {k: c for k, c in (cfg.get("callbacks") or {}).items() if c is not None}
+    for name, c in entries.items():
+        check_callback_target(name, str(c.get("_target_", "")))
+    return [instantiate(c) for c in entries.values()]
+
+
+def check_callback_target(name: str, target: str) -> None:
+    """Refuse the callbacks' old global package name (`callbacks.X`), naming the new one."""
+    if target.startswith("callbacks."):
+        raise UserError(
+            f"callbacks.{name}._target_={target}: paravt's callbacks are the package "
+            f"`paravt.callbacks` (a global `callbacks` package is no longer installed); "
+            f"fix: callbacks.{name}._target_=paravt.{target}"
+        )
 
 
 def build_module(cfg: DictConfig, init_on_meta: bool = False):

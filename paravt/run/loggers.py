@@ -7,7 +7,7 @@ that into Lightning loggers (one flat `_target_` node is accepted too, and no no
 each of them (`log_hyperparams`; MLflow also gets the standard source tags).
 
 This module deliberately writes no metrics, texts or images (the module and the callbacks do,
-`callbacks.tracker_io`) and holds no credentials: W&B reads `WANDB_API_KEY` itself.
+`paravt.callbacks.tracker_io`) and holds no credentials: W&B reads `WANDB_API_KEY` itself.
 """
 
 from __future__ import annotations

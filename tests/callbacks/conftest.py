@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from callbacks.records import RolloutRecord
+from paravt.callbacks.records import RolloutRecord
 from paravt.rewards.compose import RewardWeights
 from paravt.types import (
     Frames,
@@ -123,10 +123,11 @@ class ToyModule(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def set_format_weight(self, weight: float) -> None:  # callbacks.format_anchor.FormatWeighted
+    # paravt.callbacks.format_anchor.FormatWeighted
+    def set_format_weight(self, weight: float) -> None:
         self.reward_weights = replace(self.reward_weights, format_weight=weight)
 
-    def set_anchor_coef(self, coef: float) -> None:  # callbacks.format_anchor.AnchorWeighted
+    def set_anchor_coef(self, coef: float) -> None:  # paravt.callbacks.format_anchor.AnchorWeighted
         self.anchor_coef = coef
 
     def evaluate_agent(self, samples: Sequence[Sample], greedy: bool = True) -> list[Trajectory]:

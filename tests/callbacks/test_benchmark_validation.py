@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from callbacks.benchmark_validation import BenchmarkValidation
+from paravt.callbacks.benchmark_validation import BenchmarkValidation
 from paravt.data.datasets import DataFileError
 from paravt.data.schemas import sample_to_row
 from paravt.types import Sample

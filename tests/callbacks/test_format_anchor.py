@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from callbacks.format_anchor import ANCHOR_KEY, FORMAT_KEY, FormatAnchorCurriculum
+from paravt.callbacks.format_anchor import ANCHOR_KEY, FORMAT_KEY, FormatAnchorCurriculum
 from paravt.rewards.compose import RewardWeights
 
 LINEAR = {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 2}

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
-from callbacks.frame_budget import (
+from paravt.callbacks.frame_budget import (
     FrameBudgetRandomization,
+    GateRecord,
     budget_metrics,
     merge_gate_stats,
     step_gate_stats,
 )
-from callbacks.records import RolloutRecord
+from paravt.callbacks.records import RolloutRecord
 from paravt.rl.budget import FrameBudgetSampler, GateStat
 from paravt.types import RewardBreakdown
 
@@ -128,7 +130,9 @@ def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flu
     budgets, seed = (4, 16, 64), 3
     module = toy.Module(scenario=_budget_scenario(toy))
     callback = FrameBudgetRandomization(budgets, seed=seed)
-    _, module, log_dir = toy.fit(tmp_path, [callback], module=module, log_every_n_steps=log_every)
+    trainer, module, log_dir = toy.fit(
+        tmp_path, [callback], module=module, log_every_n_steps=log_every
+    )
     sampler = FrameBudgetSampler(budgets, seed=seed)
     ks = [[sampler.budget(p, epoch) for p in ids] for ids, epoch in BATCHES]
     assert [s["budgets"] for s in module.seen] == ks
@@ -139,6 +143,10 @@ def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flu
         for steps in flushes
     }
     assert _logged(toy, log_dir) == expected  # 0, 1 and halves: exact in float32
+    # Monitorable: the last in-step flush is in callback_metrics (ModelCheckpoint, EarlyStopping).
+    last = [f[-1] for f in flushes if (f[-1] + 1) % log_every == 0][-1]
+    monitored = {k: float(trainer.callback_metrics[k]) for k in expected[last]}
+    assert monitored == pytest.approx(expected[last])
 
 
 def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
@@ -147,18 +155,40 @@ def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
     assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "budget" in t]
 
 
-def test_needs_a_datamodule(tmp_path, toy):
+def test_plain_dataloaders_use_the_sampler_hook(tmp_path, toy):
+    callback = FrameBudgetRandomization(budgets=[4, 8], seed=3)
     trainer = pl.Trainer(
-        max_steps=1,
+        max_steps=2,
         logger=False,
-        callbacks=[FrameBudgetRandomization()],
+        callbacks=[callback],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    loader = DataLoader(["p0"], batch_size=1, collate_fn=lambda ids: (ids, [4]))
-    with pytest.raises(RuntimeError, match=r"pass it as trainer.fit\(model, datamodule=...\)"):
+    drawn = []
+
+    def collate(ids):  # the documented hook: the sampler, where the batch is built
+        drawn.extend(callback.sampler.budget(i, 0) for i in ids)
+        return ids, drawn[-len(ids) :]
+
+    loader = DataLoader(["p0", "p1"], batch_size=1, collate_fn=collate)
+    with pytest.warns(UserWarning, match=r"callback\.sampler\.budget\(prompt_id, epoch\)"):
         trainer.fit(toy.Module(), train_dataloaders=loader)
+    assert drawn == [FrameBudgetSampler((4, 8), None, 3).budget(p, 0) for p in ("p0", "p1")]
+
+
+def test_a_light_gate_record_is_enough():
+    gate = GateRecord(
+        step=0,
+        rewards=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        tool_calls=torch.tensor([[2, 0], [1, 0]]),
+        budgets=(4, 8),
+    )
+    # Group 0 (K=4): the tool-using rollout out-scores the tool-free one; group 1 (K=8): not.
+    stats = step_gate_stats(gate)
+    assert (stats[4].wins, stats[4].defined, stats[8].wins, stats[8].defined) == (1, 1, 0, 1)
+    with pytest.raises(ValueError, match=r"budgets \[B\]"):
+        GateRecord(0, torch.zeros(2, 2), torch.zeros(2, 2), (4,))
 
 
 def test_needs_the_budget_sink_protocol(tmp_path, toy):
@@ -169,13 +199,14 @@ def test_needs_the_budget_sink_protocol(tmp_path, toy):
         toy.fit(tmp_path, [FrameBudgetRandomization()], datamodule=NoSink())
 
 
-def test_needs_last_rollout_on_the_module(tmp_path, toy):
+def test_without_last_rollout_the_gate_is_skipped_with_a_warning(tmp_path, toy):
     module = toy.Module()
     module.scenario = lambda step, ids, budgets: None
     del module.last_rollout
     module.training_step = _without_record(module)
-    with pytest.raises(AttributeError, match="ToyModule has none"):
-        toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+    with pytest.warns(UserWarning, match="ToyModule has no `last_rollout`"):
+        _, _, log_dir = toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+    assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "gate" in t]
 
 
 def _without_record(module):

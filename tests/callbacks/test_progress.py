@@ -7,7 +7,7 @@ import logging
 import lightning.pytorch as pl
 import torch
 
-from callbacks.progress import StepProgress, route_lightning_logs
+from paravt.callbacks.progress import StepProgress, route_lightning_logs
 from paravt.progress import format_duration, progress_line, track
 
 

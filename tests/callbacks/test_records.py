@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from callbacks.records import RolloutRecord, latest_rollout
+from paravt.callbacks.records import RolloutRecord, latest_rollout
 from paravt.types import RewardBreakdown
 
 

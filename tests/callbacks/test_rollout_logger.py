@@ -10,8 +10,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 from PIL import Image
 
-from callbacks.crop_figure import MARGIN, PLOT_TOP, PLOT_WIDTH, ROW_HEIGHT, nice_ticks
-from callbacks.rollout_logger import (
+from paravt.callbacks.crop_figure import MARGIN, PLOT_TOP, PLOT_WIDTH, ROW_HEIGHT, nice_ticks
+from paravt.callbacks.rollout_logger import (
     BACKGROUND,
     CROPS,
     TRUTH,
@@ -191,7 +191,7 @@ def test_axis_ticks_are_round_seconds(duration, expected):
 
 
 def test_row_label_names_reward_and_answer(toy):
-    from callbacks.rollout_logger import _row_label
+    from paravt.callbacks.rollout_logger import _row_label
 
     traj = toy.trajectory("p0", 1, crops=[(10.0, 20.0)], text="<think>x</think><answer>B</answer>")
     assert _row_label(1, traj, RewardBreakdown(total=0.853)) == "#1 r=0.85 ans: B"

@@ -7,7 +7,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from callbacks.schedules import REQUIRED, SCHEDULES, check_schedule, schedule_value
+from paravt.callbacks.schedules import REQUIRED, SCHEDULES, check_schedule, schedule_value
 
 
 def test_every_kind_lists_its_required_keys():

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from callbacks.tool_alarm import AlarmState, ToolUseAlarm
+from paravt.callbacks.tool_alarm import AlarmState, ToolUseAlarm
 
 
 def test_fires_once_per_episode_after_patience_steps():

@@ -25,8 +25,9 @@ def run(model_dir: str, out: Path, batches_path: Path) -> dict:
     import worker  # tests/distributed, this script's folder
 
     from paravt.models.loading import PolicySpec
-    from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+    from paravt.modules.grpo import GRPOModule
     from paravt.rewards.compose import RewardWeights
+    from paravt.rl.algorithm import AlgorithmConfig
     from paravt.rl.objective import AdvantageConfig
 
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -27,7 +27,7 @@ SETTINGS = {
     "rollout.temperature": "1.2",
     "rollout.agent.max_new_tokens": "32",
     "algorithm.kl_coef": "0.1",
-    "algorithm.engine_is_correction": "token_truncate",  # the GPU recipe's mismatch correction
+    "algorithm.loss": "ppo_engine_is",  # the GPU recipe's mismatch correction
     # One held-out sample over 2 ranks: rank 1's shard is empty, yet it must join the engine
     # refresh (a collective) that rank 0's evaluation triggers.
     "callbacks.benchmark_validation.limit": "1",

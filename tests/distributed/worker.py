@@ -358,8 +358,9 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
     from functools import partial
 
     from paravt.models.loading import PolicySpec
-    from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+    from paravt.modules.grpo import GRPOModule
     from paravt.rewards.compose import RewardWeights
+    from paravt.rl.algorithm import AlgorithmConfig
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     batches = torch.load(batches_path, weights_only=False)

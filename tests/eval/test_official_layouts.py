@@ -222,14 +222,28 @@ def test_bad_rows_are_skipped_and_a_wrong_layout_is_one_error(write_parquet, tmp
 
 def test_category_mean_and_grounding_metric():
     metric = CategoryMean(["task=a", "task=b"])
-    metric.update(torch.tensor([1.0, 0.0, 1.0]), [["task=a"], ["task=a", "task=b"], ["task=b"]])
-    out = metric.compute()
+    labels = [["task=a"], ["task=a", "task=b"], ["task=b"]]
+    metric.update(torch.tensor([1.0, 0.0, 1.0]), categories=labels)
+    overall = metric.compute()
+    assert isinstance(overall, torch.Tensor) and overall.dim() == 0
+    assert float(overall) == pytest.approx(2 / 3)
+    out = metric.per_category()
     assert out == pytest.approx({"overall": 2 / 3, "task=a": 0.5, "task=b": 0.5})
     with pytest.raises(ValueError, match="not declared"):
-        CategoryMean(["x"]).update(torch.tensor([1.0]), [["y"]])
+        CategoryMean(["x"]).update(torch.tensor([1.0]), categories=[["y"]])
+    # Declared categories must be given; undeclared ones are refused, not ignored.
+    with pytest.raises(ValueError, match="pass update"):
+        CategoryMean(["x"]).update(torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="built without categories"):
+        CategoryMean().update(torch.tensor([1.0]), categories=[["x"]])
+    # torchmetrics' (preds, target): the score of an item is preds == target.
+    letters = CategoryMean()
+    letters.update(torch.tensor([0, 2, 1, 3]), torch.tensor([0, 2, 3, 3]))
+    assert float(letters.compute()) == pytest.approx(0.75)
     grounding = GroundingMetric()
     grounding.update(torch.tensor([0.2, 0.5, 0.8]))
-    assert grounding.compute() == pytest.approx(
+    assert float(grounding.compute()) == pytest.approx(0.5)  # a tensor, as self.log wants
+    assert grounding.per_threshold() == pytest.approx(
         {"miou": 0.5, "r@0.3": 2 / 3, "r@0.5": 2 / 3, "r@0.7": 1 / 3}
     )
 
@@ -245,8 +259,8 @@ def _reduce_worker(rank, world, port, out):
     metric = CategoryMean(["k=a", "k=b"])
     values = [[1.0, 1.0, 0.0], []][rank]  # uneven shards, one empty
     labels = [[["k=a"], ["k=b"], ["k=a"]], []][rank]
-    metric.update(torch.tensor(values, dtype=torch.float64), labels)
-    result = metric.compute()
+    metric.update(torch.tensor(values, dtype=torch.float64), categories=labels)
+    result = {**metric.per_category(), "compute": float(metric.compute())}
     with open(f"{out}/{rank}.json", "w") as handle:
         json.dump(result, handle)
     leave_group()
@@ -262,7 +276,8 @@ def test_category_mean_reduces_across_ranks(tmp_path):
         port = s.getsockname()[1]
     mp.spawn(_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
-    assert results[0] == results[1] == pytest.approx({"overall": 2 / 3, "k=a": 0.5, "k=b": 1.0})
+    want = {"overall": 2 / 3, "k=a": 0.5, "k=b": 1.0, "compute": 2 / 3}
+    assert results[0] == results[1] == pytest.approx(want)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ NAMES = [
     "mmvu",
     "mmvu_oe",
     "charades",
+    "needle",
 ]
 
 
@@ -48,3 +49,8 @@ def test_negative_limit_rejected(write_json, tmp_path):
     ann = write_json([])
     with pytest.raises(ValueError, match="limit must be >= 0"):
         get_benchmark("mmvu").load(ann, str(tmp_path), limit=-1)
+
+
+def test_needle_is_known_by_name():
+    bench = get_benchmark("needle")
+    assert bench.name == "needle" and callable(bench.report)

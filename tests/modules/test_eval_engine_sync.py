@@ -16,8 +16,9 @@ import torch
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.models.loading import PolicySpec
-from paravt.modules.grpo import AlgorithmConfig, GRPOModule
+from paravt.modules.grpo import GRPOModule
 from paravt.rewards.compose import RewardWeights
+from paravt.rl.algorithm import AlgorithmConfig
 from paravt.rollout.factory import build_engine
 from paravt.run.coldstart import ColdStartConfig, cold_start
 from paravt.run.report import budget_eval
@@ -27,7 +28,7 @@ from paravt.video.reader import VideoReader
 def _module_and_agent(tiny_dir):
     module = GRPOModule(
         model=PolicySpec(path=str(tiny_dir)),
-        algorithm=AlgorithmConfig(),
+        algorithm=AlgorithmConfig(kl_coef=0.0),  # no reference copy: only weights are compared
         reward=RewardWeights(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
     )

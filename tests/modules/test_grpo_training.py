@@ -89,6 +89,7 @@ def test_paper_recipe_values_reach_the_objects(tmp_path):
     rollout, algo = instantiate(cfg.rollout), instantiate(cfg.algorithm)
     assert (rollout.group_size, rollout.temperature, cfg.data.batch_size) == (8, 0.7, 7)
     assert (algo.kl_coef, algo.kl_estimator, algo.advantage.shaping) == (0.01, "k1", True)
+    assert algo.loss == "ppo_engine_is"  # the loss the recipe runs, named in its config
     assert rollout.agent.max_new_tokens == 2048 and rollout.crop.max_calls_per_turn == 5
     seq = instantiate(compose_cfg(["experiment=paragrpo", "ablation=sequential"]).rollout)
     assert seq.crop.max_calls_per_turn == 1 and seq.agent.max_rounds == 3

@@ -26,6 +26,9 @@ from paravt.rl.losses import AGGREGATIONS, POLICY_LOSSES
 from paravt.run.build import build_run
 
 ROOT = Path(__file__).resolve().parents[2]
+# ppo_engine_is is decoupled_ppo's arithmetic with its own cap (tests/rl/test_mismatch.py), so the
+# trainer's cut-invariance of decoupled_ppo covers it; leaving it out keeps this test's cost.
+LOSSES = sorted(set(POLICY_LOSSES) - {"ppo_engine_is"})
 ONE_PIECE = 10**7  # padded tokens: every row in one micro-batch
 
 
@@ -91,9 +94,7 @@ class MicroBatchProbe(pl.Callback):
                 logp, _, entropy = module._logp(module.policy, trajs, 1.0, entropy=True)
                 self.logp[pack], self.entropy[pack] = logp, entropy
         cuts = [(b, False) for b in self.budgets] + [(self.budgets[0], True)]
-        for agg, loss, (budget, pack) in itertools.product(
-            sorted(AGGREGATIONS), sorted(POLICY_LOSSES), cuts
-        ):
+        for agg, loss, (budget, pack) in itertools.product(sorted(AGGREGATIONS), LOSSES, cuts):
             module.algo = replace(
                 algo, aggregation=agg, loss=loss, micro_batch_tokens=budget, pack_update=pack
             )
@@ -133,6 +134,7 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
         "callbacks.benchmark_validation=null",
         "algorithm.kl_coef=0.05",  # the KL term as a loss (needs the frozen reference)
         "algorithm.kl_in_reward=false",
+        "algorithm.kl_estimator=k3",  # a loss-side KL (k1 is refused there)
         "algorithm.anchor_coef=0.1",
         "export_hf=false",
     ]
@@ -156,7 +158,7 @@ def test_micro_batches_give_the_one_piece_gradient(tmp_path, tiny_qwen3_dir, nee
     entropy = probe.entropy[False][scored]
     assert entropy.abs().max() > 0.1  # the sampling distribution's entropy, aligned alike
     torch.testing.assert_close(probe.entropy[True][scored], entropy, atol=1e-5, rtol=0)
-    for agg, loss in itertools.product(AGGREGATIONS, POLICY_LOSSES):
+    for agg, loss in itertools.product(AGGREGATIONS, LOSSES):
         whole = probe.grads[agg, loss, ONE_PIECE, False]
         scale = max(float(g.abs().max()) for g in whole.values())
         assert scale > 1e-4, (agg, loss)  # a gradient that could differ

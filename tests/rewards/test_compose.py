@@ -142,7 +142,8 @@ def test_pathological_texts_stay_linear() -> None:
     started = time.monotonic()
     for text in texts:
         for kind in ("mcq", "tvg", "oe"):
-            assert math.isfinite(compute_reward(text, "B", kind).total)
+            counts = {"num_valid_calls": 0, "num_tool_responses": 0}
+            assert math.isfinite(compute_reward(text, "B", kind, **counts).total)
     assert time.monotonic() - started < 8.0  # linear: ~2 s on a busy 2-core machine
 
 
@@ -194,3 +195,31 @@ def test_never_raises_never_nan(
     # clips from above only), R_tool in [0, 0.8]
     assert -0.15 - 1e-9 <= r.format <= 1.0
     assert -0.15 - 1e-9 <= r.total <= 2.8 + 1e-9
+
+
+def test_parsed_calls_and_tool_results_give_r_tool() -> None:
+    from paravt.types import Frames, ParsedCall, ToolCall, ToolResult
+
+    call = ParsedCall(0, "{...}", call=ToolCall("crop_video", {"start": 1.0, "end": 2.0}))
+    frames = Frames(None, (0,), (1.0,), 1.0, 10.0)
+    done = ToolResult(0, "crop_video", frames=frames, window=(1.0, 2.0))
+    r = compute_reward(TOOL, "B", "mcq", calls=[call], tool_results=[done])
+    assert r.tool == pytest.approx(0.8)  # R_tool = 0.3 + 0.5 (a response, a correct answer)
+    failed = ToolResult(0, "crop_video", error="window outside the video")
+    assert compute_reward(TOOL, "B", "mcq", calls=[call], tool_results=[failed]).tool == 0.1
+    # Neither calls nor counts for a text that calls a tool: refused, not R_tool = 0.
+    with pytest.raises(ValueError, match="pass calls="):
+        compute_reward(TOOL, "B", "mcq")
+    with pytest.raises(ValueError, match="not both"):
+        compute_reward(TOOL, "B", "mcq", calls=[call], num_valid_calls=1)
+    assert compute_reward(GOOD, "B", "mcq").tool == 0.0  # no call in the text: 0 is right
+
+
+def test_a_whole_text_as_the_answer_is_refused() -> None:
+    from paravt.rewards.accuracy import accuracy_reward, extract_answer
+
+    text = "<think>\nThe man wears a red coat.</think>\n<answer>a red coat</answer>"
+    assert accuracy_reward(extract_answer(text), "a red coat", "oe") == 1.0
+    with pytest.raises(ValueError, match=r"pass extract_answer\(text\)"):
+        accuracy_reward(text, "a red coat", "oe")
+    assert compute_reward(text, "a red coat", "oe").accuracy == 1.0  # extracts it itself

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from paravt.rl.importance import corrected_loss, engine_weights, gap_metrics, gap_sums
-from paravt.rl.mismatch import policy_loss
+from paravt.rl.objective import LossSettings
 
 L = math.log
 TRAINER = torch.tensor([[L(0.5)] * 3, [L(0.3), L(0.3), 0.0]])
@@ -25,8 +25,10 @@ GEO = 20 ** (1 / 3)
 
 
 def loss(mode: str, level: str, cap: float) -> tuple[float, float]:
-    fn = policy_loss("ppo", mode, cap, level)
-    out, metrics = fn(TRAINER.clone(), TRAINER, ENGINE, ADV, MASK, 0.2, 0.2, iw_cap=5.0)
+    settings = LossSettings(
+        loss="ppo_engine_is", engine_is_correction=mode, engine_is_cap=cap, engine_is_level=level
+    )
+    out, metrics = settings.policy_loss()(TRAINER.clone(), TRAINER, ENGINE, ADV, MASK, 0.2, 0.2)
     return float(out), metrics.iw_capped_frac
 
 
@@ -79,9 +81,9 @@ def test_gap_metrics_take_the_max_and_the_mean_k3():
 
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match="engine_is_level"):
-        policy_loss("ppo", "mis", 2.0, "geometric")
+        LossSettings(loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="geometric")
     with pytest.raises(ValueError, match="engine_is_correction"):
-        policy_loss("ppo", "masked", 2.0)
+        LossSettings(loss="ppo_engine_is", engine_is_correction="masked")
 
 
 def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_samples):

@@ -1,21 +1,30 @@
-"""Finding 8: truncated importance weights between the trainer's and the engine's log-probs.
+"""Truncated importance weights between the trainer's and the engine's log-probs.
 
 The engine's log-probs are the real tiny model's, perturbed as a bf16 engine would disagree
-(seeded noise). The corrected loss must give the on-policy gradient weighted per token by
-min(pi_trainer / pi_engine, cap); plain PPO against the perturbed engine does not.
+(seeded noise). The corrected loss (the registry's `ppo_engine_is`) must give the on-policy
+gradient weighted per token by min(pi_trainer / pi_engine, cap); plain PPO against the perturbed
+engine does not.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
 
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.rl.losses import get_policy_loss
-from paravt.rl.mismatch import mismatch_metrics, needs_trainer_logprobs, policy_loss
+from paravt.rl.mismatch import mismatch_metrics, needs_trainer_logprobs
+from paravt.rl.objective import LossSettings
 from paravt.types import Trajectory
 
 CAP = 2.0
+
+
+def policy_loss(rule: str, cap: float = CAP):
+    """The registry's engine-corrected PPO with capping rule `rule` at `cap`."""
+    return partial(get_policy_loss("ppo_engine_is"), iw_cap=cap, iw_cap_mode=rule)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +62,7 @@ def test_truncated_weights_give_the_weighted_on_policy_gradient(tiny, seed):
     old, mask = _trainer_logp(model, trajs, ids)
     noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(seed)) * 0.8
     engine = torch.where(mask, old + noise, 0.0)  # the engine's (perturbed) log-probs
-    got, m = _grads(model, policy_loss("ppo", "token_truncate", CAP), trajs, ids, engine, old)
+    got, m = _grads(model, policy_loss("clamp"), trajs, ids, engine, old)
     # Reference: on-policy PPO (ratio 1, no clip) with per-token weights min(e^(old-engine), cap)
     w = torch.exp(old - engine).clamp(max=CAP)
 
@@ -73,14 +82,14 @@ def test_token_mask_drops_tokens_above_the_cap(tiny):
     model, ids, trajs = tiny
     old, mask = _trainer_logp(model, trajs, ids)
     engine = torch.where(mask, old - 1.0, 0.0)  # every weight e^1 > 2: all masked
-    got, m = _grads(model, policy_loss("ppo", "token_mask", CAP), trajs, ids, engine, old)
+    got, m = _grads(model, policy_loss("mask"), trajs, ids, engine, old)
     assert float(got.abs().max()) == 0.0 and m.iw_capped_frac == 1.0
 
 
 def test_without_mismatch_the_correction_changes_nothing(tiny):
     model, ids, trajs = tiny
     old, mask = _trainer_logp(model, trajs, ids)
-    got, _ = _grads(model, policy_loss("ppo", "token_truncate", CAP), trajs, ids, old, old)
+    got, _ = _grads(model, policy_loss("clamp"), trajs, ids, old, old)
     want, _ = _grads(model, get_policy_loss("ppo"), trajs, ids, old, old)
     torch.testing.assert_close(got, want)
     metrics = mismatch_metrics(old, old, mask, CAP)
@@ -97,10 +106,30 @@ def test_mismatch_metrics_measure_the_perturbation(tiny):
     assert m["mismatch/k3_kl"] == pytest.approx(k3, rel=1e-4)
 
 
+def test_the_entry_uses_the_callers_cap(tiny):
+    model, ids, trajs = tiny
+    old, mask = _trainer_logp(model, trajs, ids)
+    engine = torch.where(mask, old - 1.0, 0.0)  # every weight e^1 = 2.718
+    at_two, _ = _grads(model, policy_loss("clamp", 2.0), trajs, ids, engine, old)
+    at_three, m = _grads(model, policy_loss("clamp", 3.0), trajs, ids, engine, old)
+    # Capped at 2 every weight is 2; at 3 none is capped: the gradient scales by e / 2.
+    scale = float(at_two.abs().max())
+    torch.testing.assert_close(at_three, at_two * torch.e / 2, rtol=1e-4, atol=1e-5 * scale)
+    assert m.iw_capped_frac == 0.0
+
+
 def test_config_errors_and_wiring():
-    assert needs_trainer_logprobs("ppo", "token_truncate")
-    assert not needs_trainer_logprobs("ppo", None)
+    assert needs_trainer_logprobs("ppo_engine_is") and needs_trainer_logprobs("decoupled_ppo")
+    assert not needs_trainer_logprobs("ppo")
     with pytest.raises(ValueError, match="engine_is_correction must be null or one of"):
-        policy_loss("ppo", "sequence_truncate", CAP)
+        LossSettings(loss="ppo_engine_is", engine_is_correction="sequence_truncate")
     with pytest.raises(ValueError, match="engine_is_cap must be >= 1"):
-        policy_loss("ppo", "token_truncate", 0.5)
+        LossSettings(loss="ppo_engine_is", engine_is_cap=0.5)
+    # The correction beside plain PPO used to turn it silently into another loss.
+    with pytest.raises(ValueError, match=r"fix: algorithm\.loss=ppo_engine_is"):
+        LossSettings(loss="ppo", engine_is_correction="token_truncate")
+    # Each loss reads its own cap; the rule defaults to the loss's own.
+    assert LossSettings(loss="ppo_engine_is").behaviour_weights() == (CAP, "clamp")
+    rule = LossSettings(loss="ppo_engine_is", engine_is_correction="token_mask")
+    assert rule.behaviour_weights() == (CAP, "mask")
+    assert LossSettings(loss="decoupled_ppo", iw_cap=5.0).behaviour_weights() == (5.0, "mask")

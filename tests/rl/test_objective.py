@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from paravt.rl.microbatch import MicroWeights, split_even, token_budget_chunks
@@ -62,16 +63,20 @@ def _terms(**kw) -> MicroBatchTerms:
 def test_micro_objective_sums_the_three_weighted_terms():
     structural = torch.tensor([[True, False, False]])
     reference = torch.tensor([[-1.5, -2.0, -3.0]])
-    settings = LossSettings(kl_coef=0.01, anchor_coef=0.1)
+    settings = LossSettings(kl_coef=0.01, kl_estimator="k2", anchor_coef=0.1)
     weights = MicroWeights(policy=0.5, kl=2.0, anchor=1.0)
     total, metrics = micro_objective(
         _terms(structural=structural, reference=reference), settings, weights
     )
     # Policy (ratio 1, token mean): -mean(A) = -2. Anchor: -0.1 x mean(logp at struct) = 0.1.
-    # KL k1 loss: 0.01 x mean(logp - ref over trained) = 0.01 x (0.5 + 0) / 2 = 0.0025.
-    # Total: 0.5 x -2 + 1.0 x 0.1 + 2.0 x 0.0025 = -0.895.
-    assert abs(float(total) - (-0.895)) < 1e-6
-    assert abs(metrics["loss/anchor"] - 0.1) < 1e-6 and abs(metrics["loss/kl"] - 0.0025) < 1e-6
+    # KL k2 loss: 0.01 x mean(0.5 (logp - ref)^2 over trained) = 0.01 x (0.125 + 0) / 2
+    # = 0.000625 (k1 is refused as a loss). Total: 0.5 x -2 + 0.1 + 2.0 x 0.000625 = -0.89875.
+    assert abs(float(total) - (-0.89875)) < 1e-6
+    assert abs(metrics["loss/anchor"] - 0.1) < 1e-6 and abs(metrics["loss/kl"] - 0.000625) < 1e-7
+    with pytest.raises(ValueError, match="k1"):
+        micro_objective(
+            _terms(reference=reference), LossSettings(kl_coef=0.01, kl_estimator="k1"), weights
+        )
     assert metrics["loss/logprob_gap"] == 0.0
 
 

@@ -243,8 +243,9 @@ def summarize(
     metrics: dict[str, float] = {}
     for key, name in names.items():
         metric = CategoryMean(categories)
-        metric.update(torch.tensor([float(s[key]) for s in scores]), labels, weights)
-        result = metric.compute()
+        values = torch.tensor([float(s[key]) for s in scores])
+        metric.update(values, categories=labels if categories else None, weights=weights)
+        result = metric.per_category()
         metrics[name] = result.pop("overall")
         metrics.update({f"{name}/{c}": v for c, v in result.items()})
     metrics["missing_videos"] = float(sum(item.video_missing for item in items))

@@ -166,7 +166,7 @@ class CharadesBenchmark:
         metric = GroundingMetric()
         metric.update(torch.tensor([float(s["iou"]) for s in scores], dtype=torch.float64))
         metrics = summarize(items, scores, {})
-        metrics.update(metric.compute())
+        metrics.update(metric.per_threshold())
         if all(LMMS_IOU in s for s in scores):  # absent from a predictions file from before
             keys = [lmms_key(item) for item in items]
             lmms = lmms_scoring.charades_summary(keys, [float(s[LMMS_IOU]) for s in scores])

@@ -1,0 +1,76 @@
+"""paravt installs one top-level package: the callbacks/ folder is `paravt.callbacks`.
+
+A global `callbacks` package would be shadowed by any user project's own callbacks.py; these tests
+run a user module beside such a file, check that pyproject.toml ships every package under the
+paravt name, and that a config naming the old `callbacks.X` targets gets the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from paravt.errors import UserError
+from paravt.run.build import build_callbacks
+
+ROOT = Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip("tomllib")  # the standard library from Python 3.11
+
+USER_CALLBACKS = """
+class MyCallback:
+    pass
+"""
+
+USER_MODULE = """
+from callbacks import MyCallback
+from paravt.callbacks import FrameBudgetRandomization, RolloutLogger
+import paravt.callbacks.frame_budget as frame_budget
+
+assert FrameBudgetRandomization is frame_budget.FrameBudgetRandomization
+print(MyCallback.__module__, FrameBudgetRandomization.__module__, RolloutLogger.__name__)
+"""
+
+
+def test_a_user_module_beside_its_own_callbacks_py_imports_paravts_callbacks(tmp_path):
+    (tmp_path / "callbacks.py").write_text(USER_CALLBACKS)
+    (tmp_path / "my_module.py").write_text(USER_MODULE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "my_module.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["callbacks", "paravt.callbacks.frame_budget", "RolloutLogger"]
+
+
+def test_pyproject_ships_every_package_under_paravt_and_no_global_callbacks():
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"] == {"paravt.callbacks": "callbacks"}
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "paravt").rglob("__init__.py")
+    }
+    assert set(setup["packages"]) == on_disk | {"paravt.callbacks"}
+    assert all(p == "paravt" or p.startswith("paravt.") for p in setup["packages"])
+
+
+@pytest.mark.parametrize("name", ["FrameBudgetRandomization", "progress.StepProgress"])
+def test_an_old_global_callbacks_target_is_refused_naming_the_new_one(name):
+    cfg = OmegaConf.create({"callbacks": {"cb": {"_target_": f"callbacks.{name}"}}})
+    with pytest.raises(UserError, match=rf"fix: callbacks\.cb\._target_=paravt\.callbacks\.{name}"):
+        build_callbacks(cfg)
+
+
+def test_the_default_config_names_every_callback_under_paravt():
+    conf = OmegaConf.load(ROOT / "conf" / "callbacks" / "default.yaml")
+    targets = [c["_target_"] for c in conf.values()]
+    assert all(t.startswith("paravt.") for t in targets), targets
+    assert [
+        type(c).__name__
+        for c in build_callbacks(
+            OmegaConf.create({"callbacks": {k: v for k, v in conf.items() if k == "progress"}})
+        )
+    ] == ["StepProgress"]
