@@ -15,6 +15,15 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+# Names other frameworks (verl's rollout correction, Mini-o3's masking) use for a paravt key.
+ALIASES = {
+    "rl.mismatch.mode": "algorithm.engine_is_correction",
+    "rl.mismatch.level": "algorithm.engine_is_level",
+    "rl.mismatch.cap": "algorithm.engine_is_cap",
+    "rl.mask_truncated": "algorithm.mask_truncated",
+    "monitor.min_kappa": "callbacks.tool_alarm.min_kappa",
+}
+
 
 def _flat_keys(node, prefix: str = "") -> Iterator[str]:
     from omegaconf import DictConfig
@@ -79,7 +88,8 @@ def _key_hints(keys, groups, root: Path, config_name: str) -> list[str]:
     lines = []
     for o in keys:
         if not _exists(cfg, o.key_or_group):
-            near = difflib.get_close_matches(o.key_or_group, known, n=3, cutoff=0.6)
+            alias = ALIASES.get(o.key_or_group)
+            near = [alias] if alias else difflib.get_close_matches(o.key_or_group, known, 3, 0.6)
             lines.append(_line(f"key '{o.key_or_group}'", near, None, None))
     return lines
 

@@ -80,3 +80,19 @@ def test_a_list_of_group_options_is_checked_option_by_option():
     assert typo_hints(conf, "train", ["logger=[tensorboard,wandb,mlflow,csv]"]) == []
     (hint,) = typo_hints(conf, "train", ["logger=[tensorboard,wandbb]"])
     assert hint.startswith("hint: no config logger=wandbb in conf/logger/") and "wandb" in hint
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("rl.mismatch.mode=mis", "algorithm.engine_is_correction"),
+        ("rl.mismatch.level=sequence", "algorithm.engine_is_level"),
+        ("rl.mask_truncated=true", "algorithm.mask_truncated"),
+        ("monitor.min_kappa=0.5", "callbacks.tool_alarm.min_kappa"),
+    ],
+)
+def test_another_frameworks_name_for_a_key_gets_paravts(override, key):
+    conf = ROOT / "conf"
+    (hint,) = typo_hints(conf, "train", [override])
+    assert f"did you mean '{key}'?" in hint
+    assert typo_hints(conf, "train", [f"{key}={override.split('=')[1]}"]) == []
