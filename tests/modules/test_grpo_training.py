@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from paravt.models.loading import vision_tower
 from paravt.run.build import build_callbacks, build_run
+from tests.configured import assert_built_as_configured
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -72,8 +74,12 @@ def test_every_experiment_composes_and_instantiates(name, ablation, tmp_path):
     cfg = compose_cfg([f"experiment={name}", *extra, f"run_dir={tmp_path}"])
     assert cfg.name == name
     assert cfg.run_name == (f"{name}_{ablation}" if ablation else name)
-    for group in ("model", "rollout", "algorithm", "reward", "data", "logger"):
-        assert instantiate(cfg[group]) is not None, group
+    for group in ("model", "rollout", "algorithm", "reward", "data"):
+        assert_built_as_configured(instantiate(cfg[group]), cfg[group], group)
+    loggers = instantiate(cfg.logger)
+    assert set(loggers) == set(cfg.logger) == {"tensorboard"}
+    for name, node in cfg.logger.items():
+        assert_built_as_configured(loggers[name], node, f"logger.{name}")
     assert callable(instantiate(cfg.optimizer))
     names = [type(c).__name__ for c in build_callbacks(cfg)]
     assert "ResumableModelCheckpoint" in names
@@ -99,7 +105,9 @@ def test_paper_recipe_values_reach_the_objects(tmp_path):
 
 
 def test_a_wrong_config_key_is_named(tmp_path):
-    with pytest.raises(Exception, match="no_such_key"):
+    with pytest.raises(
+        ConfigCompositionException, match=r"Could not override 'reward\.no_such_key'"
+    ):
         compose_cfg([f"run_dir={tmp_path}", "reward.no_such_key=1"])
 
 

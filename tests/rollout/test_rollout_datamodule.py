@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from paravt.agent.loop import AgentConfig
@@ -54,15 +57,22 @@ def test_a_prompt_batch_becomes_grouped_rollouts(policy, needle_dir):
 
 
 def test_the_engine_is_synced_only_past_max_staleness(policy, needle_dir):
+    policy = copy.copy(policy)  # its own policy_version; the shared fixture stays at 0
     dm = _datamodule(needle_dir, max_staleness=1)
     dm.connect(policy)
     assert dm.engine.model is not policy.policy  # its own copy, moved only by sync_weights
+    name, engine_param = next(iter(dm.engine.model.named_parameters()))
+    with torch.no_grad():
+        engine_param.zero_()  # a marker only a real weight sync overwrites
+    policy_param = dict(policy.policy.named_parameters())[name]
+    assert policy_param.abs().sum() > 0
     policy.policy_version = 1
-    assert dm.sync(policy, 1) >= 0 and dm.engine.weight_version == 0
+    assert isinstance(dm.sync(policy, 1), float)  # lag 1 = max_staleness: no sync
+    assert dm.engine.weight_version == 0 and engine_param.abs().sum() == 0
     policy.policy_version = 2
     dm.sync(policy, 1)
-    assert dm.engine.weight_version == 2
-    policy.policy_version = 0
+    synced = dict(dm.engine.model.named_parameters())[name]
+    assert dm.engine.weight_version == 2 and torch.equal(synced, policy_param)
 
 
 def test_a_module_without_the_policy_protocol_is_named(needle_dir):
