@@ -22,6 +22,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
+from tests.configured import assert_built_as_configured
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 TRAINING = (ROOT / "docs" / "training.md").read_text()
@@ -149,12 +151,11 @@ def test_each_command_composes_and_instantiates(command, tmp_path):
     missing = _missing_experiment(command)
     assert missing is None, f"the README names {missing}, which has no conf file"
     cfg = _compose(command, tmp_path)
-    spec = instantiate(cfg.model)
-    assert spec.path == cfg.model.path
+    assert_built_as_configured(instantiate(cfg.model), cfg.model, "model")
     if command.script == "evaluate.py":
         return
     for group in ("rollout", "algorithm", "reward"):
-        assert instantiate(cfg[group]) is not None, group
+        assert_built_as_configured(instantiate(cfg[group]), cfg[group], group)
     assert callable(instantiate(cfg.optimizer))
     accelerator = cfg.trainer.accelerator
     assert accelerator == ("gpu" if command.machine == "gpu" else "cpu"), command.text
