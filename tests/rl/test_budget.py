@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 
 import pytest
@@ -22,13 +21,18 @@ def test_golden_values_are_stable_across_processes() -> None:
     assert [FrameBudgetSampler(seed=1).budget(i, 0) for i in IDS] == [64, 32, 16, 8, 4, 8]
 
 
-def test_uniform_is_blake2b_of_seed_epoch_id() -> None:
-    # u = first 8 bytes of blake2b("0\x1f0\x1fvideo-000") as a big-endian int / 2^64; u = 0.10446
-    # falls in the first fifth [0, 0.2) of the five equal weights -> budget 4
-    digest = hashlib.blake2b(b"0\x1f0\x1fvideo-000", digest_size=8).digest()
-    u = int.from_bytes(digest, "big") / 2.0**64
-    assert FrameBudgetSampler().uniform("video-000", 0) == u
-    assert u == pytest.approx(0.104455, abs=1e-6)
+def test_uniform_is_pinned_and_picks_the_budget_whose_weight_interval_holds_it() -> None:
+    sampler, skewed = FrameBudgetSampler(), FrameBudgetSampler(weights=(1, 0, 0, 0, 3))
+    assert sampler.uniform("video-000", 0) == pytest.approx(0.104455, abs=1e-6)  # pinned draw
+    # Seed, epoch and prompt id each change the draw.
+    draws = {sampler.uniform("a", 0), sampler.uniform("b", 0), sampler.uniform("a", 1)}
+    assert len(draws | {FrameBudgetSampler(seed=1).uniform("a", 0)}) == 4
+    for prompt in (f"p{i}" for i in range(200)):
+        u = sampler.uniform(prompt, 0)
+        assert 0.0 <= u < 1.0
+        # equal weights: fifths of [0, 1); weights (1, 0, 0, 0, 3): [0, 0.25) -> 4, else 64
+        assert sampler.budget(prompt, 0) == (4, 8, 16, 32, 64)[int(u * 5)]
+        assert skewed.budget(prompt, 0) == (4 if u < 0.25 else 64)
 
 
 def test_same_group_same_budget_and_fresh_instances_agree() -> None:
