@@ -1,13 +1,18 @@
-"""FormatAnchorCurriculum in a real Trainer: what the training step sees and what is logged."""
+"""FormatAnchorCurriculum in a real Trainer (what the training step sees and what is logged) and
+on the real GRPOModule."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from paravt.callbacks.format_anchor import ANCHOR_KEY, FORMAT_KEY, FormatAnchorCurriculum
+from paravt.models.loading import PolicySpec
+from paravt.modules.grpo import GRPOModule
 from paravt.rewards.compose import RewardWeights
+from paravt.rl.algorithm import AlgorithmConfig
 
 LINEAR = {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 2}
 STEP = {"kind": "step", "start": 0.0, "milestones": [1], "values": [0.25]}
@@ -88,3 +93,35 @@ def test_a_module_with_only_the_schedules_protocol_is_enough(tmp_path, toy):
         tmp_path, [FormatAnchorCurriculum(anchor_schedule=STEP)], module=NoFormat()
     )
     assert [s["anchor"] for s in module.seen] == [0.0, 0.25, 0.25]
+
+
+def test_the_real_grpo_module_follows_the_schedules(tiny_qwen3_dir, monkeypatch):
+    """The hooks on `GRPOModule` itself (the tiny model, no reference copy): the reward weights
+    and anchor coefficient its step reads, and its checkpoint, follow the schedules. A stand-in
+    for the Trainer gives the hooks `global_step` only; the logging is checked above with a
+    real Trainer."""
+    reward = replace(RewardWeights(), format_weight=0.6)
+    module = GRPOModule(
+        model=PolicySpec(path=str(tiny_qwen3_dir)),
+        algorithm=AlgorithmConfig(kl_coef=0.0, anchor_coef=0.1),
+        reward=reward,
+        optimizer=lambda params: None,  # never called: no optimizer step is taken
+    )
+    logged = []
+    monkeypatch.setattr(module, "log_dict", lambda values, **_: logged.append(values))
+    callback = FormatAnchorCurriculum(format_schedule=LINEAR, anchor_schedule=STEP)
+    trainer = SimpleNamespace(global_step=0)
+    callback.setup(trainer, module, "fit")  # GRPOModule has both Protocols: no error
+    seen = []
+    for step in range(3):
+        trainer.global_step = step
+        callback.on_train_batch_start(trainer, module, batch=None, batch_idx=step)
+        seen.append((module.reward_weights.format_weight, module._loss_settings().anchor_coef))
+    # format: 1 + (0 - 1) * min(step / 2, 1); anchor: 0.0 before milestone 1, then 0.25
+    assert seen == [(1.0, 0.0), (0.5, 0.25), (0.0, 0.25)]
+    assert module.reward_weights == replace(reward, format_weight=0.0)  # the rest untouched
+    assert logged[-1] == {FORMAT_KEY: 0.0, ANCHOR_KEY: 0.25}
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)  # a resumed run continues from the scheduled values
+    saved = checkpoint["paravt"]
+    assert (saved["reward_weights"]["format_weight"], saved["anchor_coef"]) == (0.0, 0.25)
