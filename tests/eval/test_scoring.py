@@ -97,3 +97,18 @@ def test_grouped_means_multi_label_and_mismatch():
     with pytest.raises(ValueError, match="2 group mappings for 1 scores"):
         scoring.grouped_means(groups[:2], [1.0], "accuracy")
     assert scoring.mean([]) == 0.0
+
+
+def test_lmms_means_are_plain_means_overall_and_per_group():
+    from paravt.eval.adapters.base import EvalItem, lmms_means
+    from paravt.types import Sample
+
+    def item(i, *labels):
+        return EvalItem(Sample(f"q{i}", "v.mp4", "Q?", "A"), {"task": labels})
+
+    items = [item(0, "a"), item(1, "a"), item(2, "b"), item(3)]
+    scores = [{"c": 1.0}, {"c": 0.0}, {"c": 1.0}, {}]  # the last has no lmms-eval score
+    # overall (1 + 0 + 1) / 3; task=a (1 + 0) / 2; task=b 1 / 1
+    got = lmms_means(items, scores, "c", "acc")
+    assert got == pytest.approx({"acc": 2 / 3, "acc/task=a": 0.5, "acc/task=b": 1.0})
+    assert lmms_means(items, [{}, {}, {}, {}], "c", "acc") == {}

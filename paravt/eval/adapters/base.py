@@ -287,8 +287,8 @@ def lmms_means(
         return {}
     categories, labels = category_labels([item for item, _ in pairs])
     metric = CategoryMean(categories)
-    metric.update(torch.tensor([v for _, v in pairs]), labels)
-    result = metric.compute()
+    metric.update(torch.tensor([v for _, v in pairs]), categories=labels if categories else None)
+    result = metric.per_category()
     return {name: result.pop("overall"), **{f"{name}/{c}": v for c, v in result.items()}}
 
 
