@@ -8,12 +8,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.paravt-installed
 # -qq: pip's warnings (resolver notes, script locations) are not the user's business; errors show.
 PIP := $(PY) -m pip -qq --disable-pip-version-check --no-input
-# lmms-eval's task code, for the test that checks paravt's lmms-eval scorers against it
-# (tests/eval/test_lmms_eval_agreement.py): its wheel and loguru, without dependencies, in a
-# folder only that test puts on sys.path (lmms-eval's pins clash with paravt's; a few seconds).
+# lmms-eval's task code and model registry, for the tests that check paravt's lmms-eval scorers
+# against it (tests/eval/test_lmms_eval_agreement.py) and its plugin (tests/eval/test_lmms_adapter.py):
+# its wheel, loguru and pytz, without dependencies, in a folder only those tests put on sys.path
+# (lmms-eval's pins clash with paravt's; a few seconds).
 LMMS_EVAL_VERSION := 0.7.3
 LMMS_REF := .lmms-eval-ref
-LMMS_STAMP := $(LMMS_REF)/.installed-$(LMMS_EVAL_VERSION)
+LMMS_PACKAGES := lmms-eval==$(LMMS_EVAL_VERSION) loguru==0.7.3 pytz==2025.2
+# The stamp names what is installed, so a folder built before pytz was added is rebuilt.
+LMMS_STAMP := $(LMMS_REF)/.installed-$(LMMS_EVAL_VERSION)-loguru-pytz
 VLLM_VENV ?= .venv-vllm
 # Test workers (pytest-xdist): a test file stays on one worker, so its module fixtures (a vLLM
 # engine or server, a tiny checkpoint) are built once; two fill CI's two cores.
@@ -57,7 +60,7 @@ venv-vllm: $(VSTAMP)
 
 $(LMMS_STAMP): $(STAMP)
 	rm -rf $(LMMS_REF)
-	$(PIP) install --no-deps --target $(LMMS_REF) lmms-eval==$(LMMS_EVAL_VERSION) loguru==0.7.3
+	$(PIP) install --no-deps --target $(LMMS_REF) $(LMMS_PACKAGES)
 	touch $(LMMS_STAMP)
 
 lmms-eval-ref: $(LMMS_STAMP)

@@ -1,7 +1,9 @@
 """The lmms-eval model `paravt` (issue 25 item 3). Its agent runner, on the needle rows, gives
 the same answers and scores as `evaluate.py` on the same rows and checkpoint; where lmms-eval is
 importable (a separate venv: docs/lmms_eval.md), the `lmms` subclass found through lmms-eval's
-plugin registry answers lmms-eval `Instance` requests with those same answers."""
+plugin registry answers lmms-eval `Instance` requests with those same answers. lmms-eval is not
+a paravt dependency: that test puts `.lmms-eval-ref/` (`make lmms-eval-ref`, part of `make test`:
+its wheel, loguru and pytz, without dependencies) on sys.path."""
 
 from __future__ import annotations
 
@@ -20,6 +22,22 @@ from paravt.lmms.runner import AgentRunner, Question, protocol
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = {"num_frames": 4, "max_new_tokens": 160, "batch_size": 2}
 LIMIT = 2  # rows: the first two of the needle split, in both paths
+LMMS_REF = Path(os.environ.get("PARAVT_LMMS_EVAL_REF", ROOT / ".lmms-eval-ref"))
+
+
+@pytest.fixture
+def lmms_eval_on_path(monkeypatch):
+    """lmms-eval importable from LMMS_REF with paravt's plugin registered; its modules are
+    dropped again after the test (the registry reads LMMS_EVAL_PLUGINS when first imported)."""
+    if not (LMMS_REF / "lmms_eval" / "models").is_dir() or not (LMMS_REF / "pytz").is_dir():
+        pytest.skip(f"lmms-eval with pytz is not installed at {LMMS_REF}: run `make lmms-eval-ref`")
+    ours = ("lmms_eval", "loguru", "pytz")
+    assert not [m for m in sys.modules if m.split(".")[0] in ours], "lmms-eval imported already"
+    monkeypatch.syspath_prepend(str(LMMS_REF))
+    monkeypatch.setenv("LMMS_EVAL_PLUGINS", "paravt.lmms")
+    yield
+    for name in [m for m in sys.modules if m.split(".")[0] in ours]:
+        del sys.modules[name]
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +109,8 @@ def test_modes_are_the_papers_settings():
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_lmms_eval_finds_the_plugin_and_answers_instances(
-    caller_dir, rows, by_evaluate, monkeypatch
+    caller_dir, rows, by_evaluate, lmms_eval_on_path
 ):
-    pytest.importorskip("lmms_eval", reason="lmms-eval lives in its own venv (docs/lmms_eval.md)")
-    monkeypatch.setenv("LMMS_EVAL_PLUGINS", "paravt.lmms")
-    for name in [m for m in sys.modules if m.startswith("lmms_eval.models")]:
-        del sys.modules[name]  # the registry reads LMMS_EVAL_PLUGINS when first imported
     from lmms_eval.api.instance import Instance
     from lmms_eval.models import get_model
 
