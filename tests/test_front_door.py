@@ -92,4 +92,5 @@ def test_load_policy_refuses_to_build_a_tiny_model_at_a_user_path(tmp_path):
 
 def test_bugs_are_not_dressed_up_as_user_errors():
     assert user_message(KeyError("x")) is None
-    assert user_message(InputPathError("data.train_path 'x' does not exist")) is not None
+    message = "data.train_path 'x' does not exist"
+    assert user_message(InputPathError(message)) == message

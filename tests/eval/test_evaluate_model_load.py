@@ -28,7 +28,8 @@ def test_the_weights_are_loaded_only_for_the_transformers_engine(
         cfg = compose("eval", overrides=[*overrides, "model.build_tiny=null"])
     model, processor = load_model(cfg, policy_spec(cfg))
     assert {p.is_meta for p in model.parameters()} == {weightless}
-    assert processor.tokenizer.convert_tokens_to_ids("<|im_end|>") is not None
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert processor.tokenizer.convert_ids_to_tokens(end) == "<|im_end|>"  # a real token
     # What the vLLM engine reads of the module before it starts still holds on the skeleton.
     engine_cfg = instantiate(cfg.rollout.engine)
     check_context(engine_cfg.max_model_len, model.config)
