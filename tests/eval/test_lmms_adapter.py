@@ -1,9 +1,8 @@
-"""The lmms-eval model `paravt` (issue 25 item 3). Its agent runner, on the needle rows, gives
-the same answers and scores as `evaluate.py` on the same rows and checkpoint; where lmms-eval is
-importable (a separate venv: docs/lmms_eval.md), the `lmms` subclass found through lmms-eval's
-plugin registry answers lmms-eval `Instance` requests with those same answers. lmms-eval is not
-a paravt dependency: that test puts `.lmms-eval-ref/` (`make lmms-eval-ref`, part of `make test`:
-its wheel, loguru and pytz, without dependencies) on sys.path."""
+"""The lmms-eval model `paravt`. Its agent runner, on the needle rows, gives the same answers and
+scores as `evaluate.py` on the same rows and checkpoint; the `lmms` subclass found through
+lmms-eval's plugin registry answers lmms-eval `Instance` requests with those same answers.
+lmms-eval is not a paravt dependency: that test puts `.lmms-eval-ref/` (`make lmms-eval-ref`,
+part of `make test`: its wheel, loguru and pytz, without dependencies) on sys.path."""
 
 from __future__ import annotations
 
