@@ -49,6 +49,7 @@ from paravt.rl.kl import kl_penalty
 from paravt.rl.microbatch import (
     MicroWeights,
     TermSizes,
+    max_response_tokens,
     mini_sizes,
     split_even,
     split_weights,
@@ -75,6 +76,30 @@ SKIP_SUMS = (
     "data/undecodable_videos",
     "data/undecodable_eval_videos",
 )
+
+
+def response_cap(datamodule) -> int | None:
+    """The longest response `datamodule`'s agent lets the policy write (a RolloutDataModule's
+    `rollout.agent` token caps); None for a DataModule without an agent config."""
+    agent = getattr(getattr(datamodule, "rollout", None), "agent", None)
+    if agent is None:
+        return None
+    return max_response_tokens(agent.max_new_tokens, agent.max_rounds)
+
+
+def check_loaded_keys(missing: Sequence[str], unexpected: Sequence[str], saved_reference: bool):
+    """Refuse a checkpoint that does not match the module: policy keys missing or unknown keys.
+    The frozen reference may be absent (rebuilt from model.path), but not half there, and a
+    saved one the module does not hold (KL turned off at resume) is left unused."""
+    missing = [k for k in missing if saved_reference or not k.startswith("reference.")]
+    unexpected = [k for k in unexpected if not k.startswith("reference.")]
+    if missing or unexpected:
+        shown = ", ".join([*missing[:5], *unexpected[:5]])
+        raise RuntimeError(
+            f"the checkpoint does not match the model: {len(missing)} key(s) missing, "
+            f"{len(unexpected)} unexpected (first: {shown}); fix: resume with the model.path and "
+            "model.lora settings the checkpoint was trained with"
+        )
 
 
 class GRPOModule(pl.LightningModule):
@@ -105,7 +130,7 @@ class GRPOModule(pl.LightningModule):
         self.model_path: str | None = model.path
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
-        # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
+        # Dr.GRPO's constant divisor; unset, `setup` takes it from the DataModule's agent.
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -151,6 +176,13 @@ class GRPOModule(pl.LightningModule):
         elif self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
             self.reference_in_checkpoint = True  # model.path no longer rebuilds it
+
+    def setup(self, stage: str) -> None:
+        """Dr.GRPO's divisor when `algorithm.norm_length` is unset: the most tokens the
+        DataModule's agent lets the policy write (`max_response_tokens`), so a module built in
+        Python divides as one built by train.py does."""
+        if self.algo.norm_length is None:
+            self.norm_length = response_cap(getattr(self.trainer, "datamodule", None))
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
@@ -452,9 +484,16 @@ class GRPOModule(pl.LightningModule):
         return {k: v for k, v in state.items() if not k.startswith("reference.")}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        if any(k.startswith("reference.") for k in state_dict):
+        """As `nn.Module.load_state_dict`, except that a checkpoint without the frozen
+        reference (the usual case: `state_dict` leaves it out) loads under `strict` too; any
+        other key missing or unexpected fails a strict load, naming the keys."""
+        saved_reference = any(k.startswith("reference.") for k in state_dict)
+        if saved_reference:
             self.reference_in_checkpoint = True
-        return super().load_state_dict(state_dict, strict=False, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        if strict:
+            check_loaded_keys(result.missing_keys, result.unexpected_keys, saved_reference)
+        return result
 
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["paravt"] = {
