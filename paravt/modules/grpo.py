@@ -45,7 +45,7 @@ from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import structural_mask, structural_token_ids
 from paravt.rl.algorithm import AlgorithmConfig
 from paravt.rl.importance import gap_metrics, gap_sums
-from paravt.rl.kl import kl_penalty
+from paravt.rl.kl import fold_kl_into_rewards, kl_penalty, sequence_kl
 from paravt.rl.microbatch import (
     MicroWeights,
     TermSizes,
@@ -115,7 +115,6 @@ class GRPOModule(pl.LightningModule):
         algorithm: AlgorithmConfig,
         reward: RewardWeights,
         optimizer: Callable,
-        seed: int = 0,
         scheduler: Callable | None = None,
         init_on_meta: bool = False,
         judge: LLMJudge | None = None,
@@ -134,7 +133,6 @@ class GRPOModule(pl.LightningModule):
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        self.seed = seed
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
@@ -226,7 +224,7 @@ class GRPOModule(pl.LightningModule):
                 formed = [is_well_formed(r) for r in rewards]
                 update = self._update(trajs, adv.values, keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
-        metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
+        metrics = rollout_metrics(trajs, rewards)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
         metrics |= {f"time/{k}": v for k, v in batch.timings.items()}
         metrics["rollout/staleness"] = float(batch.staleness)
@@ -273,7 +271,7 @@ class GRPOModule(pl.LightningModule):
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
         if self.reference is None or not self.algo.kl_in_reward:
             return totals
-        kls = []
+        seq_kl = torch.zeros_like(totals)
         with torch.no_grad():
             for mb in pad_micro_batches(self._chunks(trajs)):
                 ref, batch, _ = self._logp(self.reference, self._rows(trajs, mb), temperature)
@@ -282,11 +280,10 @@ class GRPOModule(pl.LightningModule):
                 behaviour = batch.old_logp.to(ref.device)
                 mask = batch.loss_mask.to(ref.device)
                 per_token = kl_penalty(behaviour, ref, self.algo.kl_estimator, mask)
-                kls.append(per_token.sum(-1).cpu())
+                seq_kl[list(mb.indices)] = sequence_kl(per_token, mask).cpu()
         # A rank whose prompts were all skipped (undecodable videos) ran dummies only.
-        seq_kl = torch.cat(kls) if kls else torch.zeros(0)
-        self._reference_kl = float(seq_kl.mean()) if kls else 0.0
-        return totals - self.algo.kl_coef * seq_kl
+        self._reference_kl = float(seq_kl.mean()) if len(trajs) else 0.0
+        return fold_kl_into_rewards(totals, seq_kl, self.algo.kl_coef)
 
     def _attention(self):
         """Packed: the text decoders attend per trajectory (paravt.models.varlen_attention) over

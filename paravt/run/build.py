@@ -63,7 +63,6 @@ def build_module(cfg: DictConfig, init_on_meta: bool = False):
         algorithm=instantiate(cfg.algorithm),
         reward=instantiate(cfg.reward),
         optimizer=instantiate(cfg.optimizer),
-        seed=cfg.seed,
         scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         init_on_meta=init_on_meta,
         **_judge(cfg),
