@@ -4,6 +4,7 @@ accepting one without the frozen reference (rebuilt from model.path)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import lightning.pytorch as pl
@@ -72,3 +73,42 @@ def test_a_checkpoint_without_a_policy_key_fails_and_one_without_the_reference_l
     with pytest.raises(RuntimeError, match=r"1 unexpected.*policy\.no_such\.weight"):
         _module(tiny_qwen3_dir, kl_coef=0.1).load_state_dict(state)
     _module(tiny_qwen3_dir, kl_coef=0.1).load_state_dict(state, strict=False)  # asked for
+
+
+def test_reward_side_kl_reaches_its_own_rollout_when_packing_reorders(
+    tiny_qwen3_dir, needle_samples
+):
+    """First-fit packing can put a later rollout in an earlier micro-batch ([[0, 2], [1]]): the
+    sequence KL must still be subtracted from that rollout's reward, as without packing."""
+    from paravt.agent.greedy import greedy_rollouts
+    from paravt.agent.loop import AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.rollout.factory import build_engine
+    from paravt.video.reader import VideoReader
+
+    module = _module(tiny_qwen3_dir, kl_coef=0.5)
+    with torch.no_grad():  # the policy moves away from the reference: a KL to fold
+        module.policy.lm_head.weight.add_(0.05 * torch.randn_like(module.policy.lm_head.weight))
+    engine = build_engine("hf", module.policy, module.processor, share_weights=True)
+    agent = AgentLoop(
+        engine, ChatRenderer(module.processor), VideoReader(),
+        AgentConfig(max_rounds=0, max_new_tokens=6, max_total_tokens=4096),
+    )  # fmt: skip
+    run = greedy_rollouts(agent, needle_samples[:3], [8, 8, 2], module.policy)
+    trajs = list(run.trajectories)
+    lengths = [len(t.token_ids) for t in trajs]
+    assert lengths[2] < lengths[0] and lengths[2] < lengths[1]
+    rewards = [module.score(t, s) for t, s in zip(trajs, needle_samples[:3], strict=True)]
+
+    def folded(**algo):
+        module.algo = replace(module.algo, **algo)
+        with module._attention():
+            return module._rewards_with_kl(trajs, rewards, 1.0)
+
+    budget = max(lengths[0] + lengths[2], lengths[1])  # 0 and 1 do not fit together; 0 and 2 do
+    padded = folded(pack_update=False, micro_batch_tokens=10**6)  # one micro-batch, in order
+    packed = folded(pack_update=True, micro_batch_tokens=budget)
+    assert module._chunks(trajs) == [[0, 2], [1]]
+    totals = torch.tensor([r.total for r in rewards])
+    assert (padded - totals).abs().min() > 1e-4  # every rollout has a KL term
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
