@@ -120,7 +120,8 @@ def run_job(cfg: DictConfig) -> float | None:
         hc = HydraConfig.get()  # the ranks Lightning starts run this job, not the command line
         export_job(hc.overrides.task, hc.runtime.output_dir)
         from paravt.callbacks.progress import route_lightning_logs
-        from paravt.run.build import build_run, maybe_cold_start, metric_line, summary
+        from paravt.run.build import build_run, maybe_cold_start
+        from paravt.run.summary import metric_line, summary
         from paravt.sweep import optimized_metric
 
         check_config(cfg)

@@ -45,10 +45,11 @@ from paravt.rewards.judged import judged_rewards
 from paravt.rewards.structural import structural_mask, structural_token_ids
 from paravt.rl.algorithm import AlgorithmConfig
 from paravt.rl.importance import gap_metrics, gap_sums
-from paravt.rl.kl import kl_penalty
+from paravt.rl.kl import fold_kl_into_rewards, kl_penalty, sequence_kl
 from paravt.rl.microbatch import (
     MicroWeights,
     TermSizes,
+    max_response_tokens,
     mini_sizes,
     split_even,
     split_weights,
@@ -77,6 +78,30 @@ SKIP_SUMS = (
 )
 
 
+def response_cap(datamodule) -> int | None:
+    """The longest response `datamodule`'s agent lets the policy write (a RolloutDataModule's
+    `rollout.agent` token caps); None for a DataModule without an agent config."""
+    agent = getattr(getattr(datamodule, "rollout", None), "agent", None)
+    if agent is None:
+        return None
+    return max_response_tokens(agent.max_new_tokens, agent.max_rounds)
+
+
+def check_loaded_keys(missing: Sequence[str], unexpected: Sequence[str], saved_reference: bool):
+    """Refuse a checkpoint that does not match the module: policy keys missing or unknown keys.
+    The frozen reference may be absent (rebuilt from model.path), but not half there, and a
+    saved one the module does not hold (KL turned off at resume) is left unused."""
+    missing = [k for k in missing if saved_reference or not k.startswith("reference.")]
+    unexpected = [k for k in unexpected if not k.startswith("reference.")]
+    if missing or unexpected:
+        shown = ", ".join([*missing[:5], *unexpected[:5]])
+        raise RuntimeError(
+            f"the checkpoint does not match the model: {len(missing)} key(s) missing, "
+            f"{len(unexpected)} unexpected (first: {shown}); fix: resume with the model.path and "
+            "model.lora settings the checkpoint was trained with"
+        )
+
+
 class GRPOModule(pl.LightningModule):
     """Policy (+ frozen reference when KL is on) and the PARA-GRPO update of generated batches.
 
@@ -90,7 +115,6 @@ class GRPOModule(pl.LightningModule):
         algorithm: AlgorithmConfig,
         reward: RewardWeights,
         optimizer: Callable,
-        seed: int = 0,
         scheduler: Callable | None = None,
         init_on_meta: bool = False,
         judge: LLMJudge | None = None,
@@ -105,11 +129,10 @@ class GRPOModule(pl.LightningModule):
         self.model_path: str | None = model.path
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
-        # Dr.GRPO's constant divisor; build_module sets it from the agent's token caps.
+        # Dr.GRPO's constant divisor; unset, `setup` takes it from the DataModule's agent.
         self.norm_length = algorithm.norm_length
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        self.seed = seed
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
         self.policy, self.processor = load_policy(model, on_meta=init_on_meta)
         self.reference = None
@@ -151,6 +174,13 @@ class GRPOModule(pl.LightningModule):
         elif self.reference is not None:
             self.reference.load_state_dict(self.policy.state_dict())
             self.reference_in_checkpoint = True  # model.path no longer rebuilds it
+
+    def setup(self, stage: str) -> None:
+        """Dr.GRPO's divisor when `algorithm.norm_length` is unset: the most tokens the
+        DataModule's agent lets the policy write (`max_response_tokens`), so a module built in
+        Python divides as one built by train.py does."""
+        if self.algo.norm_length is None:
+            self.norm_length = response_cap(getattr(self.trainer, "datamodule", None))
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
@@ -194,7 +224,7 @@ class GRPOModule(pl.LightningModule):
                 formed = [is_well_formed(r) for r in rewards]
                 update = self._update(trajs, adv.values, keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
-        metrics = rollout_metrics(trajs, rewards, list(batch.budgets), batch.group_size)
+        metrics = rollout_metrics(trajs, rewards)
         metrics |= update | timer.metrics() | advantage_metrics(adv)
         metrics |= {f"time/{k}": v for k, v in batch.timings.items()}
         metrics["rollout/staleness"] = float(batch.staleness)
@@ -241,7 +271,7 @@ class GRPOModule(pl.LightningModule):
         totals = torch.tensor([r.total for r in rewards], dtype=torch.float32)
         if self.reference is None or not self.algo.kl_in_reward:
             return totals
-        kls = []
+        seq_kl = torch.zeros_like(totals)
         with torch.no_grad():
             for mb in pad_micro_batches(self._chunks(trajs)):
                 ref, batch, _ = self._logp(self.reference, self._rows(trajs, mb), temperature)
@@ -250,11 +280,10 @@ class GRPOModule(pl.LightningModule):
                 behaviour = batch.old_logp.to(ref.device)
                 mask = batch.loss_mask.to(ref.device)
                 per_token = kl_penalty(behaviour, ref, self.algo.kl_estimator, mask)
-                kls.append(per_token.sum(-1).cpu())
+                seq_kl[list(mb.indices)] = sequence_kl(per_token, mask).cpu()
         # A rank whose prompts were all skipped (undecodable videos) ran dummies only.
-        seq_kl = torch.cat(kls) if kls else torch.zeros(0)
-        self._reference_kl = float(seq_kl.mean()) if kls else 0.0
-        return totals - self.algo.kl_coef * seq_kl
+        self._reference_kl = float(seq_kl.mean()) if len(trajs) else 0.0
+        return fold_kl_into_rewards(totals, seq_kl, self.algo.kl_coef)
 
     def _attention(self):
         """Packed: the text decoders attend per trajectory (paravt.models.varlen_attention) over
@@ -452,9 +481,16 @@ class GRPOModule(pl.LightningModule):
         return {k: v for k, v in state.items() if not k.startswith("reference.")}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        if any(k.startswith("reference.") for k in state_dict):
+        """As `nn.Module.load_state_dict`, except that a checkpoint without the frozen
+        reference (the usual case: `state_dict` leaves it out) loads under `strict` too; any
+        other key missing or unexpected fails a strict load, naming the keys."""
+        saved_reference = any(k.startswith("reference.") for k in state_dict)
+        if saved_reference:
             self.reference_in_checkpoint = True
-        return super().load_state_dict(state_dict, strict=False, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        if strict:
+            check_loaded_keys(result.missing_keys, result.unexpected_keys, saved_reference)
+        return result
 
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["paravt"] = {

@@ -1,22 +1,17 @@
 """The scalar PARA-GRPO reward of one trajectory, with every term kept for logging.
 
-    R = R_acc + fmt * R_fmt + tool * R_tool + sum_i w_i * user_i
+    R = R_acc + fmt * R_fmt + tool * R_tool
 
 (docs/method.md section 3; R_fmt already holds its anchor bonus, see `format.py`). A degenerate
-completion (`is_degenerate`) scores exactly 0 and calls no user reward. Every weight is a field of
-the frozen `RewardWeights`, plain numbers only, so Hydra can build it straight from YAML.
-
-User rewards: a `RewardFn` takes a frozen `RewardInput` and returns a finite float; pass them as
-`extra={"name": (fn, weight)}`. Their values are logged under `extra/<name>`. The glue resolves
-`fn` from a dotted path in the config; this module deliberately imports nothing by name, knows
-nothing of Hydra, tokens or trajectories, and never returns NaN: a user reward that returns a
-non-finite value or raises is reported by name instead of being silently zeroed.
+completion (`is_degenerate`) scores exactly 0. Every weight is a field of the frozen
+`RewardWeights`, plain numbers only, so Hydra can build it straight from YAML. This module knows
+nothing of Hydra or tokens; `trajectory_reward` reads a rollout's text and tool counters.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
@@ -69,23 +64,6 @@ class RewardWeights:
                 raise ValueError(f"RewardWeights.{f.name} must be a finite number, got {value!r}")
 
 
-@dataclass(frozen=True)
-class RewardInput:
-    """What a user reward function sees of one trajectory (`text`: all its own turns)."""
-
-    text: str
-    gold: str
-    question_type: str
-    options: tuple[str, ...] = ()
-    num_valid_calls: int = 0
-    num_tool_responses: int = 0
-    sample_id: str = ""
-
-
-RewardFn = Callable[[RewardInput], float]
-"""A user reward: RewardInput -> finite float, added with its weight from `extra`."""
-
-
 def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
     return format_reward(
         text,
@@ -103,37 +81,8 @@ def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
     )
 
 
-def _user_rewards(
-    extra: Mapping[str, tuple[RewardFn, float]], reward_input: RewardInput
-) -> dict[str, tuple[float, float]]:
-    """name -> (value, weight) of every user reward, each checked to be finite."""
-    values: dict[str, tuple[float, float]] = {}
-    for name, (fn, weight) in extra.items():
-        try:
-            value = float(fn(reward_input))
-        except Exception as err:
-            raise RuntimeError(
-                f"user reward {name!r} ({fn!r}) failed on sample {reward_input.sample_id!r}: "
-                f"{type(err).__name__}: {err}"
-            ) from err
-        if not (math.isfinite(value) and math.isfinite(weight)):
-            raise ValueError(
-                f"user reward {name!r} gave {value!r} with weight {weight!r} on sample "
-                f"{reward_input.sample_id!r}; both must be finite numbers"
-            )
-        values[name] = (value, float(weight))
-    return values
-
-
-def _components(
-    accuracy: float, fmt: FormatTerms, tool: float, user: Mapping[str, tuple[float, float]]
-) -> dict[str, float]:
-    return {
-        "accuracy": accuracy,
-        **fmt.as_dict("format/"),
-        "tool": tool,
-        **{f"extra/{name}": value for name, (value, _) in user.items()},
-    }
+def _components(accuracy: float, fmt: FormatTerms, tool: float) -> dict[str, float]:
+    return {"accuracy": accuracy, **fmt.as_dict("format/"), "tool": tool}
 
 
 def compute_reward(
@@ -147,8 +96,6 @@ def compute_reward(
     weights: RewardWeights = RewardWeights(),  # frozen, so one shared default is safe
     judge: Judge | None = None,
     open_ended: str = "f1",
-    extra: Mapping[str, tuple[RewardFn, float]] | None = None,
-    sample_id: str = "",
     calls: Sequence[ParsedCall] | None = None,
     tool_results: Sequence[ToolResult] | None = None,
 ) -> RewardBreakdown:
@@ -163,11 +110,9 @@ def compute_reward(
     num_valid_calls, num_tool_responses = _tool_counts(
         text, num_valid_calls, num_tool_responses, calls, tool_results
     )
-    extra = extra or {}
     if is_degenerate(text):
         zero_fmt = FormatTerms(**{f.name: 0.0 for f in fields(FormatTerms)})
-        user = {name: (0.0, float(w)) for name, (_, w) in extra.items()}
-        parts = _components(0.0, zero_fmt, 0.0, user)
+        parts = _components(0.0, zero_fmt, 0.0)
         return RewardBreakdown(
             total=0.0, degenerate=True, components={**parts, "degenerate": 1.0, "total": 0.0}
         )
@@ -183,13 +128,8 @@ def compute_reward(
         response_reward=weights.response_reward,
         correct_bonus=weights.correct_bonus,
     )
-    reward_input = RewardInput(
-        text, gold, question_type, tuple(options), num_valid_calls, num_tool_responses, sample_id
-    )
-    user = _user_rewards(extra, reward_input)
     total = accuracy + weights.format_weight * fmt.total + weights.tool_weight * tool
-    total += sum(value * w for value, w in user.values())
-    parts = _components(accuracy, fmt, tool, user)
+    parts = _components(accuracy, fmt, tool)
     return RewardBreakdown(
         total=total,
         accuracy=accuracy,
@@ -247,6 +187,5 @@ def trajectory_reward(
         num_valid_calls=traj.num_valid_calls,
         num_tool_responses=traj.num_tool_responses,
         weights=weights,
-        sample_id=sample.id,
         **kwargs,
     )

@@ -4,9 +4,10 @@ The paper writes the anchor as sum over t in struct(o) of log pi_theta(o_t | o_<
 log-probabilities of the structural tokens only (closing tags and canonical opening tags), the
 ones that collapse under sampling. As a loss to minimise it is
 
-    L_anchor = -coef * normalise( sum of logp at structural positions )
+    L_anchor = -coef * ( sum of logp at structural positions ) / ( number of such positions )
 
-where positions are structural token ids among the trained tokens (loss mask 1) of well-formed
+(the paper's sum, divided by the batch's count as the PPO term is divided by its tokens), where
+positions are structural token ids among the trained tokens (loss mask 1) of well-formed
 rollouts, so the anchor reinforces the tags of parseable trajectories only. This is separate from
 the string-level anchor bonus inside R_fmt (`format.py`); each has its own weight.
 
@@ -16,7 +17,7 @@ trainer passes `logp` from its forward pass and a `well_formed` flag per rollout
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -93,45 +94,17 @@ def structural_mask(
     return mask & well_formed.bool().to(mask.device)[:, None]
 
 
-def _token_mean(picked: Tensor, mask: Tensor) -> Tensor:  # [N, T] x2 -> []
-    """Mean over all structural positions of the batch (token-mean, as the PPO term)."""
-    return picked.sum() / mask.sum().clamp(min=1)
-
-
-def _seq_mean(picked: Tensor, mask: Tensor) -> Tensor:  # [N, T] x2 -> []
-    """Mean per rollout, then over the rollouts that hold at least one structural position."""
-    counts = mask.sum(dim=1)  # [N]
-    per_seq = picked.sum(dim=1) / counts.clamp(min=1)  # [N]
-    return per_seq.sum() / (counts > 0).sum().clamp(min=1)
-
-
-def _sum(picked: Tensor, mask: Tensor) -> Tensor:  # [N, T] x2 -> []
-    """Plain sum, the paper's formula."""
-    return picked.sum()
-
-
-NORMALIZERS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "token_mean": _token_mean,
-    "seq_mean": _seq_mean,
-    "sum": _sum,
-}
-
-
 def structural_anchor_loss(
     logp: Tensor,  # [N, T] log pi_theta of each token
     mask: Tensor,  # [N, T] bool, from structural_mask
     coef: float,
-    normalize: str = "token_mean",
 ) -> Tensor:  # [] scalar
-    """-coef * (normalised sum of logp at masked positions); 0 (with a gradient) when none."""
-    if normalize not in NORMALIZERS:
-        raise ValueError(
-            f"unknown structural anchor normalize {normalize!r}; choose one of: "
-            f"{', '.join(NORMALIZERS)}"
-        )
+    """-coef * mean of logp over the batch's masked positions (token-mean, as the PPO term, so
+    the micro-batch weights of `paravt.rl.microbatch` split it exactly); 0 (with a gradient)
+    when there is none."""
     if logp.shape != mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and mask {tuple(mask.shape)} must match")
     mask = mask.bool()
     # where, not multiply: -inf log-probs at unmasked (padding) positions must not become NaN.
     picked = torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
-    return -coef * NORMALIZERS[normalize](picked, mask)
+    return -coef * picked.sum() / mask.sum().clamp(min=1)

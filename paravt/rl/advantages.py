@@ -1,12 +1,11 @@
 """Group advantages for GRPO-style training, reward shaping and batch normalisation.
 
 Layout: rewards of one step come as a `[B, G]` view, row b holding the G rollouts of prompt b.
-Trajectories are ordered group-contiguously (trajectory n = b * G + g); `group_view` turns a flat
-`[N]` reward vector into that view. Advantages are per rollout; `broadcast_to_tokens` spreads them
-over the trained tokens.
+Trajectories are ordered group-contiguously (trajectory n = b * G + g), so a flat `[N]` reward
+vector reshapes into that view. Advantages are per rollout.
 
-Order of the reference recipe (docs/method.md §5): `shape_rewards` -> group advantage (`grpo`) ->
-`broadcast_to_tokens` -> `batch_normalize` over the trained tokens.
+Order of the recipe (`paravt.rl.objective.compute_advantages`): `shape_rewards` -> group
+advantage (`grpo`) -> `batch_normalize` over the rollouts that take part in the update.
 
 This module deliberately does not compute rewards, KL terms or losses (see kl.py, losses.py), and
 knows nothing of trajectories or frameworks: tensors in, tensors out.
@@ -27,31 +26,14 @@ def _check_groups(rewards: Tensor) -> None:
     if rewards.dim() != 2:
         raise ValueError(
             f"rewards must be a [B, G] tensor (one row per prompt), got shape "
-            f"{tuple(rewards.shape)}; use group_view(rewards, group_size) on a flat [N] vector"
+            f"{tuple(rewards.shape)}; reshape a flat [N] vector with rewards.view(-1, group_size)"
         )
-
-
-def group_view(rewards: Tensor, group_size: int) -> Tensor:  # [N] -> [B, G]
-    """Reshape group-contiguous rewards `[N]` into `[B, G]` (trajectory n = b * G + g)."""
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"rewards must be a flat [N] tensor with N divisible by group_size={group_size}, "
-            f"got shape {tuple(rewards.shape)}"
-        )
-    return rewards.reshape(-1, group_size)
 
 
 def zero_variance_groups(rewards: Tensor) -> Tensor:  # [B, G] -> [B] bool
     """Groups whose rollouts all scored the same (including G = 1): they carry no GRPO signal."""
     _check_groups(rewards)
     return rewards.amax(dim=1) == rewards.amin(dim=1)
-
-
-def informative_group_indices(rewards: Tensor) -> Tensor:  # [B, G] -> [B'] long
-    """Indices of the groups to keep under dynamic sampling (DAPO): those with reward variance."""
-    return torch.nonzero(~zero_variance_groups(rewards), as_tuple=False).flatten()
 
 
 def grpo_advantages(
@@ -137,16 +119,3 @@ def batch_normalize(
     var = torch.where(keep, (a - mean) ** 2, 0.0).sum() / count
     out = torch.where(keep, (a - mean) / (var.sqrt() + eps), 0.0)
     return out.to(adv.dtype)
-
-
-def broadcast_to_tokens(
-    adv: Tensor,  # [N]
-    loss_mask: Tensor,  # [N, T]
-) -> Tensor:  # [N, T]
-    """Give every trained token its rollout's advantage; untrained tokens get 0."""
-    if adv.dim() != 1 or loss_mask.dim() != 2 or adv.shape[0] != loss_mask.shape[0]:
-        raise ValueError(
-            f"expected adv [N] and loss_mask [N, T] with the same N, got "
-            f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}"
-        )
-    return torch.where(loss_mask.bool(), adv.unsqueeze(1), 0.0)

@@ -6,7 +6,8 @@ policy: with d = logp - ref_logp,
     k2 = 0.5 * d ** 2                   (biased, low variance, >= 0)
     k3 = exp(-d) - (-d) - 1             (unbiased, >= 0)
 The reference recipe (docs/method.md section 4) folds k1 with coefficient 0.01 into the reward
-(`fold_kl_into_rewards`); the KL-as-a-loss alternative lives in losses.py (`kl_loss`).
+(`sequence_kl`, then `fold_kl_into_rewards`); the KL-as-a-loss alternative lives in losses.py
+(`kl_loss`).
 
 This module deliberately does not aggregate over tokens into a loss, and does not compute
 log-probabilities (see logprobs.py).
@@ -79,21 +80,32 @@ def kl_penalty(
     return torch.where(keep, kl, 0.0)
 
 
+def sequence_kl(kl: Tensor, mask: Tensor) -> Tensor:  # [N, T] x2 -> [N]
+    """Sum of the per-token KL terms over each rollout's trained tokens, detached.
+
+    The k1 terms are summed, not averaged: their sum over a response is an unbiased estimate of
+    the sequence-level KL.
+    """
+    if kl.shape != mask.shape:
+        raise ValueError(
+            f"expected kl [N, T] and mask [N, T]; got {tuple(kl.shape)}, {tuple(mask.shape)}"
+        )
+    return torch.where(mask.bool(), kl.detach(), 0.0).sum(dim=1)
+
+
 def fold_kl_into_rewards(
     rewards: Tensor,  # [N]
-    kl: Tensor,  # [N, T] per-token estimate, e.g. kl_penalty(..., "k1")
-    mask: Tensor,  # [N, T]
+    seq_kl: Tensor,  # [N] `sequence_kl` of each rollout
     coef: float = 0.01,
 ) -> Tensor:  # [N]
     """Reward-side KL (reference recipe: k1, coef 0.01): R - coef * sum_t KL_t over trained tokens.
 
-    The per-token k1 terms are summed, not averaged: their sum over a response is an unbiased
-    estimate of the sequence-level KL. The result is detached, since a reward carries no gradient.
+    Takes the per-rollout sums (`sequence_kl`), since the trainer computes them micro-batch by
+    micro-batch. The result is detached, since a reward carries no gradient.
     """
-    if kl.shape != mask.shape or rewards.shape != kl.shape[:1]:
+    if rewards.shape != seq_kl.shape or rewards.dim() != 1:
         raise ValueError(
-            f"expected rewards [N], kl [N, T], mask [N, T]; got {tuple(rewards.shape)}, "
-            f"{tuple(kl.shape)}, {tuple(mask.shape)}"
+            f"expected rewards [N] and seq_kl [N]; got {tuple(rewards.shape)}, "
+            f"{tuple(seq_kl.shape)}"
         )
-    seq_kl = torch.where(mask.bool(), kl.detach(), 0.0).sum(dim=1)
-    return (rewards - coef * seq_kl).detach()
+    return (rewards - coef * seq_kl.detach()).detach()

@@ -1,12 +1,11 @@
-"""The two training-health figures of docs/method.md section 7, and per-budget breakdowns.
+"""The two training-health figures of docs/method.md section 7, and the format-drift figures.
 
 f_tau: mean format reward of a batch of training rollouts (format compliance at temperature 0.7).
-kappa: mean number of tool calls per rollout. `per_budget` splits any per-rollout value by the
-frame budget of its prompt. `drift_metrics`: the format-drift shares of the Tool Prior Paradox
-(the prior's `<tool_code>` tag, dropped closing tags, missing answers). `reversions` /
-`tag_reversion`: the tool turns that reverted to `<tool_code>`, per trajectory and per step.
-`ruler_format`: the one ruler f_tau is read with in every arm (the reference's string rules,
-no anchor term), beside the anchor bonus itself. Empty input gives 0.0, never NaN.
+kappa: mean number of tool calls per rollout. `drift_metrics`: the format-drift shares of the
+Tool Prior Paradox (the prior's `<tool_code>` tag, dropped closing tags, missing answers).
+`reversions` / `tag_reversion`: the tool turns that reverted to `<tool_code>`, per trajectory
+and per step. `ruler_format`: the one ruler f_tau is read with in every arm (the reference's
+string rules, no anchor term), beside the anchor bonus itself. Empty input gives 0.0, never NaN.
 
 This module deliberately does not compute the format reward itself (paravt/rewards/) nor log
 anything; it reduces numbers to numbers.
@@ -54,20 +53,6 @@ def f_tau(format_rewards: Values) -> float:
 def kappa(num_calls: Values) -> float:
     """Mean number of tool calls per rollout (0.0 for an empty batch)."""
     return _mean(num_calls)
-
-
-def per_budget(
-    values: Values,  # [N] one value per rollout
-    budgets: Values,  # [N] the frame budget of each rollout's prompt
-) -> dict[int, float]:
-    """Mean of `values` over the rollouts of each frame budget, keys sorted ascending."""
-    x = _as_flat(values)
-    k = torch.as_tensor(budgets).reshape(-1)
-    if x.numel() != k.numel():
-        raise ValueError(
-            f"values ({x.numel()}) and budgets ({k.numel()}) need one entry per rollout each"
-        )
-    return {int(b): float(x[k == b].mean()) for b in sorted(set(k.tolist()))}
 
 
 # The prior's dialect: a pretrained tool prior writes `<tool_code>` where the recipe wants

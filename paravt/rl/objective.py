@@ -102,8 +102,6 @@ def advantage_metrics(adv: Advantages) -> dict[str, float]:
 def rollout_metrics(
     trajs: Sequence[Trajectory],
     rewards: Sequence[RewardBreakdown],
-    budgets: Sequence[int],
-    group_size: int,
 ) -> dict[str, float]:
     """The per-step health figures of the paper and of the loop (f_tau, kappa, lengths...).
 

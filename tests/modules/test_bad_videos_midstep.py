@@ -17,7 +17,8 @@ from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from paravt.data.datasets import BadRowError, load_samples
-from paravt.run.build import build_run, summary
+from paravt.run.build import build_run
+from paravt.run.summary import summary
 from paravt.video.writer import write_video
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_a_mixed_batch_keeps_the_good_prompts_group_major(tiny_qwen3_dir, rows_w
 
 def test_load_time_skips_are_counted_and_summarised(tmp_path, rows_with_a_bad_video):
     from paravt.modules.rollout_datamodule import RolloutDataModule
-    from paravt.run.build import _skip_lines
+    from paravt.run.summary import _skip_lines
 
     rows = rows_with_a_bad_video.read_text().splitlines()
     good = json.loads(rows[1])

@@ -240,7 +240,8 @@ def test_a_missing_model_directory_is_named(tmp_path, needle_dir):
 
 @pytest.mark.slow
 def test_demo_cold_start_then_rl_reports_a_summary(tmp_path, tiny_qwen3_dir, needle_dir):
-    from paravt.run.build import maybe_cold_start, summary
+    from paravt.run.build import maybe_cold_start
+    from paravt.run.summary import summary
 
     overrides = ["experiment=demo", *CPU_SCALE, "cold_start.steps=3", "cold_start.batch_size=2"]
     overrides += [*local_paths(tmp_path, tiny_qwen3_dir, needle_dir), "name=demo_test"]

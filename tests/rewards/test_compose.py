@@ -1,4 +1,4 @@
-"""compute_reward: the composition, the degenerate guard, weights and user rewards."""
+"""compute_reward: the composition, the degenerate guard and the weights."""
 
 import dataclasses
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paravt.rewards.compose import RewardInput, RewardWeights, compute_reward
+from paravt.rewards.compose import RewardWeights, compute_reward
 from paravt.types import RewardBreakdown
 
 GOOD = "<think>\nThe red square is at 12 s.</think>\n<answer>B</answer>"
@@ -62,22 +62,18 @@ def test_weights_are_plain_frozen_values() -> None:
         RewardWeights(tool_weight=math.inf)
 
 
-def test_degenerate_scores_zero_and_skips_user_rewards() -> None:
-    called = []
-    extra = {"bonus": (lambda inp: called.append(inp) or 5.0, 1.0)}
+def test_degenerate_scores_zero() -> None:
     r = compute_reward(
         "<|im_start|>assistant\n<|im_start|>assistant",
         "B",
         "mcq",
         num_valid_calls=2,
         num_tool_responses=2,
-        extra=extra,
     )
     assert r.degenerate and r.total == 0.0 and (r.accuracy, r.format, r.tool) == (0, 0, 0)
-    assert r.components["degenerate"] == 1.0 and r.components["extra/bonus"] == 0.0
-    assert called == []
+    assert r.components["degenerate"] == 1.0
     # Same component keys as a healthy reward, so logs line up.
-    healthy = compute_reward(GOOD, "B", "mcq", extra=extra)
+    healthy = compute_reward(GOOD, "B", "mcq")
     assert set(r.components) == set(healthy.components)
 
 
@@ -90,35 +86,6 @@ def test_forced_prefix_is_part_of_the_text() -> None:
     # dropped (reference formula): no <think> -> no think credit, no anchor; answer 0.3 + 0.2;
     # one </think> against no <think> -> no balance bonus: 0.5
     assert compute_reward(dropped, "B", "mcq").format == pytest.approx(0.5)
-
-
-def test_user_rewards_get_the_input_and_their_weight() -> None:
-    seen: list[RewardInput] = []
-
-    def length_penalty(inp: RewardInput) -> float:
-        seen.append(inp)
-        return -len(inp.text) / 1000
-
-    r = compute_reward(
-        GOOD,
-        "B",
-        "mcq",
-        options=["red", "blue"],
-        num_valid_calls=0,
-        extra={"length": (length_penalty, 2.0)},
-        sample_id="s1",
-    )
-    # R = 1 + 1 + 0 + 2 * (-len/1000)
-    assert r.total == pytest.approx(2.0 - 2 * len(GOOD) / 1000)
-    assert r.components["extra/length"] == pytest.approx(-len(GOOD) / 1000)
-    assert seen == [RewardInput(GOOD, "B", "mcq", ("red", "blue"), 0, 0, "s1")]
-
-
-def test_broken_user_rewards_are_named() -> None:
-    with pytest.raises(ValueError, match=r"user reward 'nan'.*sample 's9'"):
-        compute_reward(GOOD, "B", "mcq", extra={"nan": (lambda inp: math.nan, 1.0)}, sample_id="s9")
-    with pytest.raises(RuntimeError, match=r"user reward 'boom'.*ZeroDivisionError"):
-        compute_reward(GOOD, "B", "mcq", extra={"boom": (lambda inp: 1 / 0, 1.0)})
 
 
 def test_open_ended_and_tvg_paths() -> None:

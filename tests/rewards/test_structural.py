@@ -8,7 +8,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from paravt.rewards.structural import (
-    NORMALIZERS,
     STRUCTURAL_TAGS,
     structural_anchor_loss,
     structural_mask,
@@ -97,47 +96,28 @@ def _logp() -> torch.Tensor:
     return logp.requires_grad_()
 
 
-@pytest.mark.parametrize(
-    ("normalize", "expected"),
-    [
-        ("sum", 2 * 8.0),  # -2 * (-3 - 1 - 4) = 16
-        ("token_mean", 2 * 8.0 / 5),  # 5 positions: -2 * (-8 / 5) = 3.2
-        ("seq_mean", 2 * (1.5 + 0.5 + 4.0) / 3),  # -2 * mean(-1.5, -0.5, -4) = 4
-    ],
-)
-def test_anchor_loss_by_hand(normalize: str, expected: float) -> None:
+def test_anchor_loss_by_hand() -> None:
     token_ids, loss_mask = _batch()
     mask = structural_mask(token_ids, loss_mask, [S1, S2])
     logp = _logp()
-    loss = structural_anchor_loss(logp, mask, coef=2.0, normalize=normalize)
-    assert loss.item() == pytest.approx(expected)
+    loss = structural_anchor_loss(logp, mask, coef=2.0)
+    assert loss.item() == pytest.approx(2 * 8.0 / 5)  # 5 positions: -2 * (-8 / 5) = 3.2
     loss.backward()
     assert torch.isfinite(logp.grad).all()
     assert (logp.grad[~mask] == 0).all()
-    if normalize == "token_mean":
-        # d loss / d logp at each position = -coef / count = -2 / 5
-        assert torch.allclose(logp.grad[mask], torch.full((5,), -0.4))
+    # d loss / d logp at each position = -coef / count = -2 / 5
+    assert torch.allclose(logp.grad[mask], torch.full((5,), -0.4))
 
 
-def test_seq_mean_ignores_rollouts_without_positions() -> None:
-    mask = torch.tensor([[True, True], [False, False]])
-    logp = torch.tensor([[-1.0, -3.0], [-7.0, -7.0]])
-    # only rollout 0 counts: -1 * mean(-1, -3) = 2
-    assert structural_anchor_loss(logp, mask, 1.0, "seq_mean").item() == pytest.approx(2.0)
-
-
-@pytest.mark.parametrize("normalize", sorted(NORMALIZERS))
-def test_no_positions_gives_zero_not_nan(normalize: str) -> None:
+def test_no_positions_gives_zero_not_nan() -> None:
     logp = torch.full((2, 4), -math.inf).requires_grad_()
-    loss = structural_anchor_loss(logp, torch.zeros(2, 4, dtype=torch.bool), 0.5, normalize)
+    loss = structural_anchor_loss(logp, torch.zeros(2, 4, dtype=torch.bool), 0.5)
     assert loss.item() == 0.0
     loss.backward()  # still part of the graph
     assert (logp.grad == 0).all()
 
 
 def test_anchor_loss_errors() -> None:
-    with pytest.raises(ValueError, match="choose one of: token_mean, seq_mean, sum"):
-        structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), 1.0, "max")
     with pytest.raises(ValueError, match="must match"):
         structural_anchor_loss(torch.zeros(1, 2), torch.zeros(1, 3, dtype=torch.bool), 1.0)
 

@@ -15,6 +15,7 @@ from paravt.rl.kl import (
     kl_k2,
     kl_k3,
     kl_penalty,
+    sequence_kl,
 )
 
 
@@ -79,14 +80,19 @@ def test_fold_kl_into_rewards_hand_computed() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     # row 0: sum of trained KL = 2 + 3 = 5 -> 1 - 0.01 * 5 = 0.95 (the masked 100 is ignored)
     # row 1: sum = -1 -> 0 - 0.01 * -1 = 0.01
-    out = fold_kl_into_rewards(rewards, kl, mask, coef=0.01)
+    seq = sequence_kl(kl, mask)
+    assert seq.tolist() == [5.0, -1.0]
+    out = fold_kl_into_rewards(rewards, seq, coef=0.01)
     torch.testing.assert_close(out, torch.tensor([0.95, 0.01]))
     assert not out.requires_grad
 
 
 def test_fold_kl_is_detached_and_empty_mask_is_identity() -> None:
     kl = torch.ones(2, 3, requires_grad=True)
-    out = fold_kl_into_rewards(torch.tensor([0.5, 0.25]), kl, torch.zeros(2, 3), coef=1.0)
-    assert out.tolist() == [0.5, 0.25] and not out.requires_grad
+    seq = sequence_kl(kl, torch.zeros(2, 3))
+    out = fold_kl_into_rewards(torch.tensor([0.5, 0.25]), seq, coef=1.0)
+    assert out.tolist() == [0.5, 0.25] and not out.requires_grad and not seq.requires_grad
     with pytest.raises(ValueError, match="expected rewards"):
-        fold_kl_into_rewards(torch.zeros(3), torch.zeros(2, 3), torch.zeros(2, 3))
+        fold_kl_into_rewards(torch.zeros(3), torch.zeros(2))
+    with pytest.raises(ValueError, match="expected kl"):
+        sequence_kl(torch.zeros(2, 3), torch.zeros(2, 4))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from paravt.rl.metrics import f_tau, kappa, per_budget
+from paravt.rl.metrics import f_tau, kappa
 
 
 def test_f_tau_and_kappa_hand_computed() -> None:
@@ -21,32 +21,6 @@ def test_f_tau_and_kappa_hand_computed() -> None:
 def test_empty_inputs_are_zero_not_nan() -> None:
     for value in (f_tau([]), kappa([]), f_tau(torch.tensor([])), kappa(torch.zeros(0, 8))):
         assert value == 0.0 and not math.isnan(value)
-    assert per_budget([], []) == {}
-
-
-def test_per_budget_hand_computed() -> None:
-    # K=4: (1 + 3) / 2 = 2; K=8: (2 + 4) / 2 = 3; K=64: 10
-    got = per_budget([1.0, 2.0, 3.0, 4.0, 10.0], torch.tensor([4, 8, 4, 8, 64]))
-    assert got == {4: 2.0, 8: 3.0, 64: 10.0}
-    assert list(got) == [4, 8, 64]
-
-
-def test_per_budget_matches_loop() -> None:
-    torch.manual_seed(0)
-    values = torch.rand(100)
-    budgets = torch.tensor([4, 8, 16, 32, 64])[torch.randint(0, 5, (100,))]
-    loop: dict[int, list[float]] = {}
-    for v, k in zip(values.tolist(), budgets.tolist(), strict=True):
-        loop.setdefault(k, []).append(v)
-    expected = {k: sum(vs) / len(vs) for k, vs in sorted(loop.items())}
-    got = per_budget(values, budgets)
-    assert got.keys() == expected.keys()
-    assert all(got[k] == pytest.approx(expected[k]) for k in expected)
-
-
-def test_per_budget_length_mismatch() -> None:
-    with pytest.raises(ValueError, match=r"values \(2\) and budgets \(3\)"):
-        per_budget([1.0, 2.0], [4, 8, 16])
 
 
 def test_format_compliance_is_r_fmt_in_unit_interval():
@@ -145,7 +119,7 @@ def test_rollout_metrics_log_the_ruler_the_anchor_term_and_reversions():
         compute_reward(t.response_text, "B", "mcq", weights=RewardWeights(anchor_weight=0.0))
         for t in trajs
     ]
-    m = rollout_metrics(trajs, rewards, [4] * 4, 4)
+    m = rollout_metrics(trajs, rewards)
     # two tool turns, one in <tool_code>
     assert m["tag_reversion"] == 0.5 and m["rollout/reversions"] == 0.25
     # on the ruler: think 0.2 + answer 0.5 + think -> call 0.3 (the open <tool_code> body runs
