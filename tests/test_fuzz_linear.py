@@ -46,7 +46,8 @@ FUNCTIONS: dict[str, Callable[[str], object]] = {
     "extract_option_letter": lambda t: extract_option_letter(t, "ABCD", OPTIONS),
     "extract_answer": extract_answer,
     "parse_interval": parse_interval,
-    "accuracy_oe": lambda t: accuracy_reward(t, "a red square", "oe"),  # normalise + F1
+    # normalise + F1 of the answer as the reward reads it (a whole text is refused there)
+    "accuracy_oe": lambda t: accuracy_reward(extract_answer(t), "a red square", "oe"),
     "format_reward": format_reward,
     "is_degenerate": is_degenerate,
     "parse_tool_calls": parse_tool_calls,

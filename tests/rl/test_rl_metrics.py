@@ -116,7 +116,14 @@ def test_rollout_metrics_log_the_ruler_the_anchor_term_and_reversions():
         traj(Turn(unclosed)),
     ]  # fmt: skip
     rewards = [
-        compute_reward(t.response_text, "B", "mcq", weights=RewardWeights(anchor_weight=0.0))
+        compute_reward(
+            t.response_text,
+            "B",
+            "mcq",
+            weights=RewardWeights(anchor_weight=0.0),
+            num_valid_calls=0,  # R_tool plays no part in the figures checked here
+            num_tool_responses=0,
+        )
         for t in trajs
     ]
     m = rollout_metrics(trajs, rewards)
