@@ -4,6 +4,7 @@ guard: a test that writes into the repository's own `runs/` or `artifacts/` fail
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -154,12 +155,38 @@ def sft_file(tmp_path_factory, tiny_qwen3_dir, needle_samples):
 
 
 @pytest.fixture(scope="session")
-def tool_caller(tiny_qwen3_dir, needle_samples):
+def tool_caller(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     """A tiny Qwen3-VL overfitted for a few seconds to call crop_video in parallel and answer.
 
     Built by driving the real agent loop with the scripted teacher (real crops, real tool-response
     tokens), then a few supervised steps on those trajectories. Returns (model, processor).
+    Under pytest-xdist the first worker to need it builds it and saves it in the run's shared
+    temporary folder; the others load that checkpoint (the same weights, built once per run).
     """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _build_tool_caller(tiny_qwen3_dir, needle_samples)
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "tool_caller"  # this run's, all workers'
+    state = shared / "module_state.json"  # what a checkpoint does not keep
+    with FileLock(str(shared) + ".lock"):
+        if not state.is_file():
+            model, processor = _build_tool_caller(tiny_qwen3_dir, needle_samples)
+            model.save_pretrained(shared)
+            processor.save_pretrained(shared)
+            frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+            state.write_text(json.dumps({"training": model.training, "frozen": frozen}))
+            return model, processor
+    saved = json.loads(state.read_text())
+    model = AutoModelForImageTextToText.from_pretrained(shared).train(saved["training"])
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in saved["frozen"])
+    return model, AutoProcessor.from_pretrained(shared)
+
+
+def _build_tool_caller(tiny_qwen3_dir, needle_samples):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from paravt.agent.loop import AgentConfig, AgentLoop
