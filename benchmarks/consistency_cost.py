@@ -15,35 +15,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from demo_phases import STEP_PHASES, time_scalars
+from demo_phases import STEP_PHASES, time_scalars, train_demo
 
 
-def train_demo(run: Path, steps: int, cold_steps: int) -> None:
-    """The demo's RL steps on a small needle set written under `run` (0: no cold start)."""
+def needle_overrides(run: Path) -> tuple[str, ...]:
+    """A small needle set (16 train, 4 eval) written under `run`."""
     data = run / "needle"
-    cmd = [
-        sys.executable,
-        "train.py",
-        f"trainer.max_steps={steps}",
-        f"cold_start.steps={cold_steps}" if cold_steps else "cold_start=null",
+    return (
         f"data.generate.out_dir={data}",
         "data.generate.num_train=16",
         "data.generate.num_eval=4",
         f"data.train_path={data / 'train.jsonl'}",
         f"data.eval_path={data / 'eval.jsonl'}",
-        "callbacks.benchmark_validation=null",
-        "callbacks.rollout_logger=null",
-        "export_hf=false",
-        f"hydra.run.dir={run}",
-        f"run_dir={run}",
-    ]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
+    )
 
 
 def scalar(run: Path, tag: str) -> list[float]:
@@ -87,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "demo"
-        train_demo(run, args.steps, args.cold_start_steps)
+        train_demo(run, args.steps, args.cold_start_steps, needle_overrides(run))
         report(run)
     return 0
 

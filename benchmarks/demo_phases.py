@@ -37,12 +37,15 @@ def time_scalars(run: Path) -> dict[str, list[float]]:
     return out
 
 
-def train_demo(run: Path, steps: int, cold_steps: int) -> None:
+def train_demo(run: Path, steps: int, cold_steps: int, extra: tuple[str, ...] = ()) -> None:
+    """`python train.py` for `steps` RL steps after `cold_steps` cold-start steps (0: none),
+    with `extra` overrides, writing into `run`."""
     cmd = [
         sys.executable,
         "train.py",
         f"trainer.max_steps={steps}",
-        f"cold_start.steps={cold_steps}",
+        f"cold_start.steps={cold_steps}" if cold_steps else "cold_start=null",
+        *extra,
         "callbacks.benchmark_validation=null",
         "callbacks.rollout_logger=null",
         "export_hf=false",
