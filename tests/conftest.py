@@ -119,7 +119,7 @@ def needle_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run_overrides(tiny_qwen3_dir, needle_dir) -> list[str]:
-    """`train.py` overrides for a subprocess run on the session's tiny model and needle data,
+    """`train.py` overrides for a subprocess run on the test run's tiny model and needle data,
     one prompt x 2 rollouts a step (the tests add their own steps, sweeps and caps)."""
     return [
         f"model.path={tiny_qwen3_dir}",

@@ -1,5 +1,5 @@
 """A misspelt override or an unknown experiment: exit 1, Hydra's message naming it, and a hint
-with the closest existing name (issue 12 item 9). Subprocesses of train.py / evaluate.py, as a
+with the closest existing name. Subprocesses of train.py / evaluate.py, as a
 user runs them; each fails while composing, before anything is built (about a second each)."""
 
 from __future__ import annotations

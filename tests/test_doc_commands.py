@@ -13,8 +13,8 @@ kind gets:
 - GPU commands (a `/models/` or `/data/` path, `trainer.devices=8`, `model=qwen...`) are not
   run (no GPU): the training ones and every `paravt check-recipe` shown pass the recipe check
   with a memory plan, and each stands under a "GPU" label (a heading, table header or comment);
-- the error examples of docs/errors.md are run and must print what the page shows
-  (`test_the_error_examples_print_what_docs_errors_md_shows`);
+- the error examples of docs/training.md's "When something is wrong" are run and must print
+  what the page shows (`test_the_error_examples_print_what_the_training_page_shows`);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
   like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`). The CPU training
@@ -22,8 +22,8 @@ kind gets:
 - the vLLM commands (`rollout/engine=vllm`, `--engine vllm`) run the same way in the vLLM
   environment (marker `vllm`, `make test-vllm`): train, then evaluate and `paravt rollout` on
   the policy it exported, with no traceback even at exit
-  (`test_the_vllm_commands_run_from_a_fresh_folder`). docs/judge.md's server command is started
-  as written by tests/rewards/test_judge_vllm.py.
+  (`test_the_vllm_commands_run_from_a_fresh_folder`). docs/evaluation.md's judge server command
+  is started as written by tests/rewards/test_judge_vllm.py.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ PLACEHOLDERS = (
 )
 # The only commands shown that are not composed, each with its reason.
 SKIPPED = {
-    "python train.py -m ... trainer.devices=N": "multi-gpu.md's sweep pattern: the sweep and N "
-    "are the reader's; what a sweep child runs is tested in tests/test_launch_argv.py",
-    "python evaluate.py rollout/engine=vllm benchmark=...": "vllm.md's table names the group "
+    "python train.py -m ... trainer.devices=N": "training.md's multi-GPU sweep pattern: the sweep "
+    "and N are the reader's; what a sweep child runs is tested in tests/test_launch_argv.py",
+    "python evaluate.py rollout/engine=vllm benchmark=...": "engines.md's table names the group "
     "only; the whole command (benchmark=needle model.path=runs/demo/hf) is run by the vLLM chain",
 }
 
@@ -102,7 +102,18 @@ def doc_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = doc_commands()
-ERRORS = {c for p, c in COMMANDS if p == "errors.md"}
+ERRORS_PAGE, ERRORS_HEADING = ROOT / "docs" / "training.md", "## When something is wrong"
+
+
+def _errors_section() -> str:
+    """docs/training.md's "When something is wrong" section: the error examples."""
+    text = ERRORS_PAGE.read_text()
+    start = text.index(ERRORS_HEADING + "\n")
+    end = text.find("\n## ", start + len(ERRORS_HEADING))
+    return text[start : end if end > 0 else None]
+
+
+ERRORS = set(_candidates(_errors_section()))
 
 
 def is_gpu(command: str) -> bool:
@@ -212,9 +223,9 @@ def test_every_paravt_tool_shown_exists():
 
 
 def _shown_errors() -> list[tuple[str, list[str], int]]:
-    """(command, the output lines shown, the exit code shown) of docs/errors.md's first block."""
-    text = (ROOT / "docs" / "errors.md").read_text()
-    block = re.search(r"```\n(\$ .*?)```", text, re.S).group(1)
+    """(command, the output lines shown, the exit code shown) of the error section's first
+    block."""
+    block = re.search(r"```\n(\$ .*?)```", _errors_section(), re.S).group(1)
     out = []
     for part in re.split(r"^\$ ", block, flags=re.M)[1:]:
         lines = part.rstrip("\n").splitlines()
@@ -235,7 +246,7 @@ def _run(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
-def test_the_error_examples_print_what_docs_errors_md_shows(tmp_path):
+def test_the_error_examples_print_what_the_training_page_shows(tmp_path):
     """Each shown line appears in the real output, in order, with the shown exit code; on a
     mismatch the message holds the real output to paste into the page."""
     for command, shown, code in _shown_errors():
@@ -245,7 +256,8 @@ def test_the_error_examples_print_what_docs_errors_md_shows(tmp_path):
         assert result.returncode == code, regenerated
         position = 0
         for line in shown:
-            assert line in real[position:], f"docs/errors.md drifted; real output:\n{regenerated}"
+            drifted = f"docs/training.md's error examples drifted; real output:\n{regenerated}"
+            assert line in real[position:], drifted
             position = real.index(line, position) + 1
 
 

@@ -1,4 +1,4 @@
-"""The front door: a user's mistake prints one line, exits 2 and creates nothing (issue 15/12).
+"""The front door: a user's mistake prints one line, exits 2 and creates nothing.
 
 train.py runs as a subprocess in an empty folder, exactly as a user would start it; every check
 here fails before a model or data set is built, so each run takes about a second.

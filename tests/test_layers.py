@@ -1,5 +1,5 @@
-"""The house's layering, enforced: the pure core imports no framework (docs/design.md), and the
-packages import only downward, with no circle."""
+"""The house's layering, enforced: the pure core imports no framework (docs/architecture.md),
+and the packages import only downward, with no circle."""
 
 from __future__ import annotations
 

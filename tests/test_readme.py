@@ -7,7 +7,7 @@ The tables under the README's "## Commands" and docs/training.md's "## Ablations
 composed and every part that can be built without a GPU is instantiated (model spec, rollout,
 algorithm, reward, optimizer, FSDP strategy). CPU commands are composed as written, pass
 train.py's pre-flight path check, and are then run for one RL step (one cold-start step) on the
-session's tiny model and needle data.
+test run's tiny model and needle data.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lets PyPI's CUDA-linked torchvision import in the CPU vLLM environment (docs/vllm.md).
+"""Lets PyPI's CUDA-linked torchvision import in the CPU vLLM environment (docs/engines.md).
 
 torchvision 0.28's compiled ops link libtorch_cuda and do not load on a CPU torch; its
 Python side then registers fake kernels for ``torchvision::nms`` / ``torchvision::qnms`` and

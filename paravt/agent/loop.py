@@ -207,7 +207,7 @@ class AgentLoop:
     # ---- phases -------------------------------------------------------------------------
     def _generate(self, active: Sequence[_State], params: SamplingParams):
         """One engine call for the round; forced-answer turns get their own call when they have
-        their own token cap (docs/benchmarks.md: 64 tokens for a letter, 128 for an interval)."""
+        their own token cap (docs/evaluation.md: 64 tokens for a letter, 128 for an interval)."""
         cap = self.cfg.forced_answer_max_tokens
         forced = [i for i, st in enumerate(active) if st.forced] if cap else []
         if not forced:

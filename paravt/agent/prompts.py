@@ -15,7 +15,7 @@ from typing import Any
 from paravt.types import Sample, ToolResult
 
 FORCED_THINK = "<think>\n"
-# Video-MME's with-subtitles prefix (docs/benchmarks.md); FRAME_SUBTITLES is the `Sample.extra`
+# Video-MME's with-subtitles prefix (docs/evaluation.md); FRAME_SUBTITLES is the `Sample.extra`
 # key of timed blocks whose text is shown only where a sampled frame falls (`subtitles_at`).
 SUBTITLE_PREFIX = "This video's subtitles are listed below:\n{text}\n\n"
 FRAME_SUBTITLES = "frame_subtitles"

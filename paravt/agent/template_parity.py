@@ -1,6 +1,6 @@
 """The agent loop's token ids against the official chat template's tokenization of the same chat.
 
-The loop builds a trajectory token by token (docs/tokenizers.md): the prompt, then after every
+The loop builds a trajectory token by token (docs/engines.md): the prompt, then after every
 assistant turn the sampled ids, then the next context segment. `official_ids` renders the same
 conversation in one `apply_chat_template` call and tokenizes it with the processor, the way a
 user of the released model would. Wherever the template defines the text, the two must be equal;

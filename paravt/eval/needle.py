@@ -1,6 +1,6 @@
 """The synthetic needle benchmark: paravt's own held-out needle split as a `Benchmark` adapter.
 
-It lets the evaluation runner be exercised end to end on CPU (docs/benchmarks.md, last section).
+It lets the evaluation runner be exercised end to end on CPU (docs/evaluation.md, "Per benchmark").
 Rows are paravt-layout prompt rows (`paravt.video.synthetic.generate` writes `eval.jsonl` /
 `eval.parquet`); relative video paths resolve against `video_root`, or the annotation file's
 folder when `video_root` is empty. Rows are read strictly: a malformed row raises, since a

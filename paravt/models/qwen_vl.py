@@ -74,7 +74,7 @@ def chat_text(processor, messages: Sequence[dict[str, Any]], generation_prompt: 
     Qwen3-VL's processor writes `<t seconds><|vision_start|>...<|vision_end|>` for every frame
     group itself, so the `<|vision_start|><|video_pad|><|vision_end|>` of the official template
     becomes the bare pad (as transformers 4.57's processor did; 5.x nests the blocks, docs/method.md
-    pitfall 9). A designed difference from the template's own text (docs/tokenizers.md).
+    pitfall 9). A designed difference from the template's own text (docs/engines.md).
     """
     text = processor.apply_chat_template(
         list(messages), add_generation_prompt=generation_prompt, tokenize=False

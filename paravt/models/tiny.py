@@ -5,7 +5,7 @@ with a tokenizer trained locally on a small synthetic corpus, so tests and the C
 same code paths as a real model without downloading anything. It deliberately does not try to be a
 useful language model: weights are random and the vocabulary is a few hundred tokens, unless
 `tokenizer="qwen"` asks for Qwen's real vocabulary and official chat template
-(`paravt.models.qwen_vocab`, docs/tokenizers.md).
+(`paravt.models.qwen_vocab`, docs/engines.md).
 
 Vision settings follow the real models: patch 16 (Qwen3-VL) or 14 (Qwen2.5-VL), spatial merge 2,
 temporal patch 2. Digits are split into single tokens as in Qwen's tokenizer (docs/method.md
@@ -23,7 +23,7 @@ from typing import Literal
 Arch = Literal["qwen3_vl", "qwen2_5_vl"]
 ARCHS: tuple[str, ...] = ("qwen3_vl", "qwen2_5_vl")
 # "tiny": a few hundred tokens trained here; "qwen": Qwen's real vocabulary and official chat
-# template (paravt.models.qwen_vocab, docs/tokenizers.md).
+# template (paravt.models.qwen_vocab, docs/engines.md).
 TOKENIZERS: tuple[str, ...] = ("tiny", "qwen")
 
 # Special tokens of the real Qwen chat format, in Qwen's order, plus the tags the agent writes.

@@ -65,7 +65,7 @@ def mixed_precision(device_type: str, compute_dtype: str | None = None) -> Mixed
 def fp32_master(model: nn.Module) -> nn.Module:
     """`model`'s floating parameters and buffers (rotary `inv_freq`) in float32, in place: the
     master weights of a mixed-precision run (free on a meta skeleton). A bf16 master rounds an
-    Adam step of lr 2e-6 to zero for most weights (docs/multi-gpu.md)."""
+    Adam step of lr 2e-6 to zero for most weights (docs/training.md)."""
     return model.to(torch.float32)
 
 

@@ -6,7 +6,7 @@
 - `export_job` / `child_argv` / `end_job`: a Hydra `-m` sweep on N devices runs each job once.
   Lightning's subprocess launcher re-runs the user's command line in every rank it starts;
   `child_argv` turns a child's command line into the one job its parent is running, and
-  `end_job` frees the process group between jobs (docs/multi-gpu.md).
+  `end_job` frees the process group between jobs (docs/training.md).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def structural_token_ids(tokenizer: Any, tags: Sequence[str] = STRUCTURAL_TAGS) 
         usable = [t for t in STRUCTURAL_TAGS if added is None or t in added]
         raise AnchorTagError(
             f"{err}. Tags that are single tokens here: {usable}; set algorithm.anchor_tags to "
-            "those (docs/tokenizers.md)"
+            "those (docs/engines.md)"
         ) from None
 
 

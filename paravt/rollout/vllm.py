@@ -52,7 +52,7 @@ from paravt.rollout.vllm_launch import (
 # small oneDNN primitive cache. vLLM's CPU linear layers are oneDNN matmuls, compiled per shape
 # and kept in oneDNN's global cache, 1,024 of them by default: with rollouts of ever new token
 # counts host memory grew ~0.64 MiB a training step in the demo; capped at 64 it is flat, at no
-# measurable cost in speed (docs/reliability.md, section 6). oneDNN reads the variable when vLLM
+# measurable cost in speed (docs/performance.md, "Host memory"). oneDNN reads the variable when vLLM
 # first builds a primitive, so setting it before the engine starts is enough.
 CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -195,7 +195,7 @@ class VLLMEngine:
         except ImportError as err:
             raise ImportError(
                 "rollout/engine=vllm needs vLLM: on a GPU `pip install -e '.[vllm]'`; on a CPU "
-                "`make venv-vllm` and run with .venv-vllm/bin/python (docs/vllm.md)"
+                "`make venv-vllm` and run with .venv-vllm/bin/python (docs/engines.md)"
             ) from err
         path = model_path
         if path is None:

@@ -50,7 +50,7 @@ class ColdStartConfig:
     seed: int = 0  # which samples get which strategy of the mix
     # A reading curriculum: the first `oracle_steps` of `steps` train on "oracle" trajectories
     # (crops around the true needle, so the colour fills most crop frames) before the teacher's
-    # own; a random vision tower learns to see the needle there first (docs/demo.md).
+    # own; a random vision tower learns to see the needle there first (docs/training.md).
     oracle_steps: int = 0
     # Train the vision tower during the cold start even when the model config freezes it (as
     # the paper's RL does): a random tiny tower must learn to see first; RL keeps it frozen.

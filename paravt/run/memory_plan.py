@@ -6,7 +6,7 @@ ranks, the frozen reference, each rank's unsharded rollout engine with its KV ca
 training activations of one micro-batch with and without activation checkpointing. The step has
 two phases that do not overlap in time: rollout (engine KV cache) then update (activations);
 the peak is the resident state plus the larger phase. Estimates from formulas, not measurements:
-`docs/multi-gpu.md` says which figures a GPU run has confirmed.
+the status table of `docs/development.md` says which figures a GPU run has confirmed.
 """
 
 from __future__ import annotations

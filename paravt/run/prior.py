@@ -1,6 +1,6 @@
 """A tool prior for the tiny model, then the cold start, built once and cached by their config.
 
-The Tool Prior Paradox (docs/demo.md) needs a policy with tool habits of its own, the way a
+The Tool Prior Paradox (docs/paradox.md) needs a policy with tool habits of its own, the way a
 pretrained Qwen3-VL has them. `prior_stage` gives the tiny model such a prior: supervised steps on
 tool-using text in a competing dialect (its own tag `<tool_code>`, one Python-style call per line
 `crop_video(start_time=..., end_time=...)`), `tool_share` of the corpus, the rest direct answers.

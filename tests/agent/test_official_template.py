@@ -1,6 +1,6 @@
 """The loop's token ids equal the official chat template's tokenization of the same chat.
 
-Real vocabulary, official Qwen3-VL / Qwen2.5-VL templates (docs/tokenizers.md). Each trajectory
+Real vocabulary, official Qwen3-VL / Qwen2.5-VL templates (docs/engines.md). Each trajectory
 is built turn by turn by the real agent loop (real crops of a real mp4, real processor); the
 reference renders the whole conversation in one `apply_chat_template` call and tokenizes it in
 one processor call. Only `DESIGNED_DIFFERENCES` may separate the two.

@@ -1,5 +1,5 @@
 """Bad videos at load: real truncated, empty and one-frame mp4s are skipped, counted, reported;
-`fail_fast` stops on the first one with a one-line user error (issue 15 item 5, issue 12 item 9).
+`fail_fast` stops on the first one with a one-line user error.
 """
 
 from __future__ import annotations

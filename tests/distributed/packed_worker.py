@@ -1,4 +1,4 @@
-"""One rank of the packed update under FSDP2 (issue 24): the same micro-batch through the padded
+"""One rank of the packed update under FSDP2: the same micro-batch through the padded
 pass and through the packed row with the varlen attention, with and without activation
 checkpointing; each rank writes its largest log-prob and gradient-shard differences."""
 

@@ -1,5 +1,5 @@
 """`train.py trainer=fsdp_cpu rollout.mode=async`: an FSDP2 trainer on 2 CPU ranks (gloo) with
-rank 0's generator process (issue 24, item 3).
+rank 0's generator process.
 
 After each update every rank joins the gather of the full weights from the shards and rank 0
 publishes them to the generator's shared copy; rank 0 takes each step's whole batch of rollouts

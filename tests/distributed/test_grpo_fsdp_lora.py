@@ -1,4 +1,4 @@
-"""LoRA RL under FSDP2 (issue 25): GRPOModule with rank-4 adapters on 2 CPU ranks over gloo
+"""LoRA RL under FSDP2: GRPOModule with rank-4 adapters on 2 CPU ranks over gloo
 equals 1 rank.
 
 The same fixed rollout batches (real rollouts of the tiny model, sampled once here; the third

@@ -2,7 +2,7 @@
 
 The same trainer code as `trainer=fsdp` on 8 GPUs (Lightning's ModelParallelStrategy, FSDP2 in
 GRPOModule.configure_model, the RolloutDataModule's per-rank prompts, an engine copy per rank),
-on the session's tiny model and needle videos. KL is on so that the reward of every rollout
+on the test run's tiny model and needle videos. KL is on so that the reward of every rollout
 differs (R - beta KL) and every step really updates. 3 prompts a step: the ranks hold unequal
 shares. One uninterrupted 4-step run; one run stopped after step 2 and resumed with
 `ckpt_path=last` to step 4. Collectives are checked under the simulated NCCL rule.

@@ -1,5 +1,5 @@
 """evaluate.py on edge cases: a one-frame video goes through the whole protocol, and an out_dir
-of another run is refused before any model is loaded (issue 11, issue 12 item 9)."""
+of another run is refused before any model is loaded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Open-ended answers of an evaluation through a real judge server on loopback (issue 25 item 4).
+"""Open-ended answers of an evaluation through a real judge server on loopback.
 
 A standard-library HTTP server answers each request by the reference answer it carries: a
 verdict for some, HTTP 500 or a verdict-less reply for others. The scores and the counts in

@@ -1,4 +1,4 @@
-"""Issue 11's fixes on rows in the official layouts, the answer rules and the torchmetrics."""
+"""Rows in the official layouts, the answer rules and the torchmetrics."""
 
 from __future__ import annotations
 

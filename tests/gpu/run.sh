@@ -9,7 +9,7 @@
 # transformers engine, the `gpu` tests; each stage under its own timeout with a JSON record in
 # $OUT, and one summary table (also in $OUT/summary.txt). Within 8 minutes in all.
 #   bash tests/gpu/run.sh [WHEEL_DIR] [stages.py options, e.g. --stages nccl,step]
-# Not run yet: no GPU was lent to the sessions that wrote it (docs/performance.md).
+# Not run yet: it waits for a GPU (docs/development.md, "What is verified where").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python}

@@ -1,7 +1,7 @@
 """CUDA paths: bf16 consistency of engine and trainer, and a 2-step GPU training run.
 
 Marked `gpu`: the default run excludes them; run with `pytest -m gpu` on a CUDA machine. They
-have not been run yet (no GPU was available to the sessions that wrote them).
+have not been run yet (docs/development.md, "What is verified where").
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """vLLM on a CUDA GPU: colocated sleep/wake around weight sync, and engine/trainer agreement.
 
 Marked `gpu` and `vllm`: run by tests/gpu/run.sh on a machine with a GPU and vLLM installed
-(`pip install -e '.[vllm]'`). Not run yet: no GPU was lent to the session that wrote them.
+(`pip install -e '.[vllm]'`). Not run yet: they wait for a GPU
+(docs/development.md, "What is verified where").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LoRA RL on the tiny Qwen3-VL (issue 25 item 2): only adapters train, the reference is the
+"""LoRA RL on the tiny Qwen3-VL: only adapters train, the reference is the
 base model (adapters off, no copy), engines get merged weights, and both exports load back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 24: the demo still learns in async mode (a generator process one step ahead, the
+"""The demo still learns in async mode (a generator process one step ahead, the
 decoupled loss), as a user runs it: `python train.py rollout.mode=async ...` from an empty
 folder, the summary's held-out gain over both frame budgets read from its output."""
 
@@ -28,7 +28,7 @@ def test_the_demo_learns_in_async_mode(tmp_path, train_py):
     found = GAIN.search(out.stdout)
     assert found, out.stdout[-3000:]
     before, after, points = (float(x) for x in found.groups())
-    assert points >= 15.0 and after > before  # the issue's bar: +15 points held-out through RL
+    assert points >= 15.0 and after > before  # the bar: +15 points held-out through RL
     tb = [p.parent for p in (tmp_path / "runs" / "demo_async").rglob("events.out.tfevents*")]
     acc = EventAccumulator(str(tb[0]), size_guidance={"scalars": 0})
     acc.Reload()

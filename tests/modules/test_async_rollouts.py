@@ -1,5 +1,5 @@
 """rollout.mode=async on the real tiny Qwen3-VL: a generator process, its staleness bound and
-its failure behaviour (issue 24). Each run is a short Lightning fit on CPU; after every test the
+its failure behaviour. Each run is a short Lightning fit on CPU; after every test the
 generator's pid is gone (no orphans)."""
 
 from __future__ import annotations

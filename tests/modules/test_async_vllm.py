@@ -1,4 +1,4 @@
-"""rollout.mode=async with the vLLM engine in the generator process (issue 24, item 3).
+"""rollout.mode=async with the vLLM engine in the generator process.
 
 A short Lightning fit on the tiny Qwen3-VL, max_staleness 1: the generator (its own process,
 its own in-process `vllm.LLM`) samples step t+1 while the trainer updates on step t. For every

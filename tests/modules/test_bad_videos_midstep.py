@@ -2,7 +2,7 @@
 
 The bad file is a real mp4 whose middle bytes are zeroed: decord opens it and decodes frame 0
 (so it passes the load-time `video_check="open"`), and fails on the frames a rollout reads.
-Training goes on past it (issue 15 item 5); `data.fail_fast=true` stops with one line instead.
+Training goes on past it; `data.fail_fast=true` stops with one line instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SIGKILL at the worst moments of a checkpoint write: `last.ckpt` stays whole, resume works.
 
-A discriminating test (issue 12 item 8): the kill lands the instant a new checkpoint's bytes
+A discriminating test: the kill lands the instant a new checkpoint's bytes
 start to land (a new temporary file appears), or the instant `last.ckpt` is seen changed and not
 a complete checkpoint while the run saves every step. With the paravt writer (conf/trainer/
 cpu.yaml's AtomicCheckpointIO) `last.ckpt` is never seen torn and the run resumes after the

@@ -1,4 +1,4 @@
-"""The cold start's teacher tracing shows counts and an ETA (issue 15 item 4): one progress line
+"""The cold start's teacher tracing shows counts and an ETA: one progress line
 per traced batch when not on a terminal, on the real agent loop with real crops."""
 
 from __future__ import annotations

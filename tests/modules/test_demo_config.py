@@ -1,7 +1,7 @@
-"""The embedded demo's config does what docs/demo.md says: its cold-start teacher mixes strategies
-in the stated shares per frame budget, and its crops show the needle while its overviews are
-sparse. Runs the real agent loop with the scripted teacher on a few videos generated with the
-demo's own data settings (no model is trained)."""
+"""The embedded demo's config does what docs/training.md says: its cold-start teacher mixes
+strategies in the stated shares per frame budget, and its crops show the needle while its
+overviews are sparse. Runs the real agent loop with the scripted teacher on a few videos
+generated with the demo's own data settings (no model is trained)."""
 
 from __future__ import annotations
 

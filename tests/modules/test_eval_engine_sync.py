@@ -1,7 +1,7 @@
 """Every greedy evaluation measures the policy's CURRENT weights, also with an engine that holds
 weights of its own (vLLM, or the transformers copy kept for rollout.max_staleness > 0).
 
-The hazard (issue 28): the run's per-budget report ran `budget_eval` after the cold start but
+The hazard: the run's per-budget report ran `budget_eval` after the cold start but
 before the engine was synced, so the "before" table measured the weights from before the cold
 start, and the "after" table an engine one update behind. A transformers engine on a copy of
 the policy (`share_weights=False`) has exactly vLLM's weight handling, so it shows it on a CPU.

@@ -18,7 +18,7 @@ from tests.configured import assert_built_as_configured
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 ABLATIONS = sorted(p.stem for p in (ROOT / "conf" / "ablation").glob("*.yaml"))
-# Scale any experiment down to a tiny CPU run on the session's tiny model and needle data.
+# Scale any experiment down to a tiny CPU run on the test run's tiny model and needle data.
 CPU_SCALE = [
     "model=tiny_qwen3",
     "data=needle",

@@ -1,6 +1,6 @@
 """RL steps with `judge=openai` against a real HTTP server on loopback (the standard library's):
 open-ended answers are judged, the counts are logged, and a failing judge stops the run with an
-error naming the endpoint and the last failure (issue 25 item 4)."""
+error naming the endpoint and the last failure."""
 
 from __future__ import annotations
 

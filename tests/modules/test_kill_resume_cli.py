@@ -1,7 +1,7 @@
 """`python train.py` killed with SIGKILL mid-run, then `ckpt_path=last`: the run goes on from
-the last complete checkpoint and its summary says from which step (issue 15 item 8).
+the last complete checkpoint and its summary says from which step.
 
-Both runs are real subprocesses of train.py on the session's tiny model and needle data.
+Both runs are real subprocesses of train.py on the test run's tiny model and needle data.
 """
 
 from __future__ import annotations

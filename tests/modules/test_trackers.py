@@ -1,6 +1,6 @@
 """`logger=[...]`: 2 steps of the tiny demo through `train.py` with TensorBoard, CSV, W&B (offline)
 and MLflow (file store) at once; each tracker's step metrics are read back from what it wrote and
-agree, and each holds the run's name, config and git revision (issue 25 item 1)."""
+agree, and each holds the run's name, config and git revision."""
 
 from __future__ import annotations
 

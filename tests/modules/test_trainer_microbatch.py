@@ -5,7 +5,7 @@ Qwen3-VL, with real multi-turn teacher trajectories (tool calls, real crops, too
 mask 0, structural tags to anchor) plus an empty row; the behaviour log-probs are the policy's
 own, so no token is clipped away. For every aggregation and loss variant, the policy-loss +
 structural-anchor + KL-loss gradient with many micro-batches equals the one-piece gradient within
-1e-6 (issue 12 item 3, at the trainer level; tests/rl/test_microbatch.py is the core's proof).
+1e-6 (at the trainer level; tests/rl/test_microbatch.py is the core's proof).
 The packed update (`algorithm.pack_update=true`: one padding-free row per micro-batch, its text
 attention per trajectory under `GRPOModule._attention`, paravt.models.varlen_attention) gives the
 padded one-piece gradient within 1e-5 under the same cuts, and the same log-probs and entropies.

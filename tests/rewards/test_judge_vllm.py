@@ -2,7 +2,7 @@
 (`python -m vllm.entrypoints.openai.api_server`, in the vLLM environment: `make test` runs the
 `vllm` tests there). A random tiny model cannot judge, so the verdict is constrained with vLLM's
 structured outputs (`extra_body`); without it the model babbles and every answer falls back,
-which the guard turns into an error naming the endpoint (issue 25 item 4)."""
+which the guard turns into an error naming the endpoint."""
 
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ def _free_port() -> int:
 
 
 def documented_server(model_dir, port: int) -> list[str]:
-    """docs/judge.md's server command as written, serving `model_dir` as JUDGE_DIR on `port`,
-    plus what the tiny model on a shared CPU needs: loopback only, eager mode (no compilation),
-    a short context and no media inputs."""
-    text = (ROOT / "docs" / "judge.md").read_text()
+    """docs/evaluation.md's judge server command as written, serving `model_dir` as JUDGE_DIR on
+    `port`, plus what the tiny model on a shared CPU needs: loopback only, eager mode (no
+    compilation), a short context and no media inputs."""
+    text = (ROOT / "docs" / "evaluation.md").read_text()
     line = re.search(r"^python -m vllm\.entrypoints\.openai\.api_server .*$", text, re.M)
-    assert line, "docs/judge.md shows no `python -m vllm.entrypoints.openai.api_server` command"
+    assert line, "docs/evaluation.md shows no `python -m vllm.entrypoints.openai.api_server` line"
     argv = [str(model_dir) if a == "JUDGE_DIR" else a for a in shlex.split(line.group(0))]
     argv[argv.index("--port") + 1] = str(port)
     cpu = ["--host", "127.0.0.1", "--max-model-len", "1024", "--enforce-eager"]

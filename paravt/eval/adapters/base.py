@@ -3,7 +3,7 @@
 An adapter turns one benchmark's official annotation file into `EvalItem`s (a `Sample` with the
 full user text the model sees, plus breakdown labels) and scores final responses. Rows are read
 strictly: a missing or mistyped field raises `AnnotationError` naming the file, the row and the
-field, because docs/benchmarks.md infers some fields and a silent default would corrupt a reported
+field, because docs/evaluation.md infers some fields and a silent default would corrupt a reported
 number. A missing video is not an error: the item is kept, flagged, scored wrong and counted.
 
 Every item is scored twice: by the benchmark's official rule (`paravt.eval.scoring`) and by
@@ -305,7 +305,7 @@ class MultipleChoiceBenchmark:
     loader: Loader
     forced_answer: str = MCQ_FORCED_ANSWER
     headline: HeadlineFn = _no_headline
-    forced_answer_max_tokens: int | None = 64  # docs/benchmarks.md: a letter, <= 64 tokens
+    forced_answer_max_tokens: int | None = 64  # docs/evaluation.md: a letter, <= 64 tokens
     unparseable: str = "wrong"  # scoring.UNPARSEABLE_POLICIES: wrong | exclude | random
     lmms_rule: str = "mcq"  # LMMS_RULES: lmms-eval's per-item rule for this benchmark
     lmms_summary: LmmsSummary = lmms_accuracy  # lmms-eval's aggregation of its per-item results

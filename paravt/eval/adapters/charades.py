@@ -148,7 +148,7 @@ class CharadesBenchmark:
 
     name: str = "charades"
     forced_answer: str = FORCED_ANSWER
-    forced_answer_max_tokens: int | None = 128  # docs/benchmarks.md: an interval, <= 128 tokens
+    forced_answer_max_tokens: int | None = 128  # docs/evaluation.md: an interval, <= 128 tokens
 
     def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
         return check_unique_ids(load_charades(annotations, video_root, limit), annotations)
