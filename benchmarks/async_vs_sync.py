@@ -4,8 +4,10 @@ One short cold start (shared: its weights are exported once), then the same RL s
 in both modes from those weights, one after the other in this process: sync (max_staleness 0)
 and async (a generator process one step ahead, max_staleness 1, the decoupled loss in both).
 Prints steps per minute (between the end of the first and of the last step: start-up and the
-generator's spawn are left out), engine and trainer busy time, mean staleness and the held-out
-accuracy at the end.
+generator's spawn are left out; the held-out evaluation, which `BenchmarkValidation` runs in the
+last step's batch-end hook before this script's clock records that step, is inside), the fit's
+wall time (everything), engine and trainer busy time, mean staleness and the held-out accuracy
+at the end. On a CPU the two modes share the same cores (docs/performance.md section 8).
 
     python benchmarks/async_vs_sync.py [--steps 6] [--cold-start-steps 60] [--eval 32]
 """
