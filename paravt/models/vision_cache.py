@@ -305,3 +305,20 @@ def _assemble(kind: type | None, entries: list[_Entry]):
         deep = [tuple(e.deepstack[i] for e in entries) for i in range(layers)]
         fields["deepstack_features"] = deep
     return kind(**fields)
+
+
+def model_caches(*models) -> list[FeatureCache]:
+    """The distinct caches installed on `models` (None entries and uncached models skipped; a
+    LoRA reference shares its policy's)."""
+    out: list[FeatureCache] = []
+    for model in models:
+        cache = feature_cache(model) if model is not None else None
+        if cache is not None and all(cache is not c for c in out):
+            out.append(cache)
+    return out
+
+
+def take_stats(*models) -> tuple[int, int, float]:
+    """(hits, misses, tower seconds) of `models`' caches since the last call, then zeroed."""
+    stats = [c.take_stats() for c in model_caches(*models)]
+    return sum(s[0] for s in stats), sum(s[1] for s in stats), sum(s[2] for s in stats)
