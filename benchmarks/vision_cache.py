@@ -6,11 +6,12 @@ Runs the embedded demo (`python train.py`, shortened as in benchmarks/demo_phase
    the vision tower, by phase: rollout (`time/rollout_vision`), old/reference log-probs
    (`time/logprobs_vision`) and update (`time/update_vision`);
 2. the step time with the cache off / on, the feature- and crop-cache hit rates, and the ideal
-   saving (vision + decode share x (1 - 1/G)) next to the measured one (1 - on / off).
+   saving (vision + decode share x (1 - 1/G)) next to the measured one (1 - on / off); then the
+   decode + vision seconds per step themselves, off / on, and each run's CPU seconds.
 Step times are means over the steps after the first (its one-off costs left out). The step is
 the sum of `time/sync|rollout|reward|logprobs|update`, as in demo_phases.py.
 
-    python benchmarks/vision_cache.py [--steps 3] [--batch-size 1] [--groups 4 8]
+    python benchmarks/vision_cache.py [--steps 2] [--batch-size 1] [--groups 4 8]
                                       [--cold-start-steps 0]
 
 Without a cold start the demo's random tiny policy rarely calls the crop tool, so the crop cache
@@ -20,6 +21,7 @@ is seldom asked; `--cold-start-steps 120` teaches it to crop first (several minu
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import tempfile
 from pathlib import Path
@@ -27,6 +29,13 @@ from pathlib import Path
 from demo_phases import STEP_PHASES, train_demo
 
 VISION = ("rollout_vision", "logprobs_vision", "update_vision")
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of the finished child processes so far (the training runs):
+    a figure that, unlike wall time, other work on a shared machine barely moves."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def scalars(run: Path, prefixes: tuple[str, ...] = ("time/", "vision_cache/")) -> dict:
@@ -78,27 +87,33 @@ def print_shares(group: int, off: dict[str, float]) -> None:
 
 def print_comparison(results: dict[tuple[int, bool], dict[str, float]]) -> None:
     head = f"{'G':>3}{'off s':>9}{'on s':>9}{'off/on':>8}{'feat hit':>10}{'crop hit':>10}"
-    print("\n" + head + f"{'ideal':>8}{'measured':>10}")
+    head += f"{'ideal':>8}{'measured':>10}{'vision+decode s off/on':>24}{'CPU s off/on':>15}"
+    print("\n" + head)
     for group in sorted({g for g, _ in results}):
         off, on = results[(group, False)], results[(group, True)]
-        share = (sum(off[k] for k in VISION) + off["rollout_decode"]) / off["step"]
-        ideal = share * (1 - 1 / group)
+        work = {
+            k: sum(r[v] for v in VISION) + r["rollout_decode"]
+            for k, r in (("off", off), ("on", on))
+        }
+        ideal = work["off"] / off["step"] * (1 - 1 / group)
         measured = 1 - on["step"] / off["step"]
         crop = on["crop_hit_rate"]
         crop_text = f"{crop:.0%}" if crop is not None else "n/a"
         print(
             f"{group:>3}{off['step']:>9.2f}{on['step']:>9.2f}{off['step'] / on['step']:>8.2f}"
             f"{on['feature_hit_rate']:>10.0%}{crop_text:>10}{ideal:>8.1%}{measured:>10.1%}"
+            f"{work['off']:>13.3f} / {work['on']:<8.3f}{off['cpu_s']:>8.0f} / {on['cpu_s']:<5.0f}"
         )
     print(
-        "ideal = (decode + vision share of the cache-off step) x (1 - 1/G); measured = "
-        "1 - on / off; crop hit n/a: no crop was asked"
+        "s: mean seconds per step; ideal = (decode + vision share of the cache-off step) x "
+        "(1 - 1/G); measured = 1 - on / off; vision+decode s: those seconds per step; CPU s: "
+        "the whole run's CPU time (user + system, startup included); crop hit n/a: no crop asked"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=3, help="RL steps per run (the first is left out)")
+    p.add_argument("--steps", type=int, default=2, help="RL steps per run (the first is left out)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per step")
     p.add_argument("--groups", type=int, nargs="+", default=[4, 8], help="group sizes G")
     p.add_argument("--cold-start-steps", type=int, default=0)
@@ -113,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"rollout.vision_cache.enabled={str(enabled).lower()}",
                     f"data.batch_size={args.batch_size}",
                 )
+                before = cpu_seconds()
                 train_demo(run, args.steps, args.cold_start_steps, extra)
                 results[(group, enabled)] = summary(scalars(run))
+                results[(group, enabled)]["cpu_s"] = cpu_seconds() - before
     for group in args.groups:
         print_shares(group, results[(group, False)])
     print_comparison(results)
