@@ -191,9 +191,15 @@ class RolloutDataModule(PromptDataModule):
         cfg = self.rollout.vision_cache
         models = [module.policy, getattr(module, "reference", None), engine_model]
         models = [m for m in models if isinstance(m, torch.nn.Module | BaseView)]
+        installed = []
         for model in models:
-            install_feature_cache(model, cfg.feature_bytes, cfg.enabled)
-        return models
+            try:
+                install_feature_cache(model, cfg.feature_bytes, cfg.enabled)
+            except AttributeError as err:  # not a Qwen-VL model: its tower runs uncached
+                log.warning("rollout.vision_cache: %s", err)
+                continue
+            installed.append(model)
+        return installed
 
     def engine_shares(self, module: RolloutPolicy) -> bool:
         """Whether the engine generates with `module`'s policy object itself."""
