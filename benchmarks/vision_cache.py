@@ -69,6 +69,7 @@ def summary(found: dict[str, list[float]]) -> dict[str, float]:
     out["crop_hit_rate"] = total.get("vision_cache/crop_hits", 0.0) / crops if crops else None
     out["crop_lookups"] = crops
     out["feature_hit_rate"] = steady(found.get("vision_cache/feature_hit_rate", [0.0]))
+    out["tower_clips"] = steady(found.get("vision_cache/tower_clips", [0.0]))
     return out
 
 
@@ -88,6 +89,7 @@ def print_shares(group: int, off: dict[str, float]) -> None:
 def print_comparison(results: dict[tuple[int, bool], dict[str, float]]) -> None:
     head = f"{'G':>3}{'off s':>9}{'on s':>9}{'off/on':>8}{'feat hit':>10}{'crop hit':>10}"
     head += f"{'ideal':>8}{'measured':>10}{'vision+decode s off/on':>24}{'CPU s off/on':>15}"
+    head += f"{'tower clips off/on':>20}"
     print("\n" + head)
     for group in sorted({g for g, _ in results}):
         off, on = results[(group, False)], results[(group, True)]
@@ -103,11 +105,14 @@ def print_comparison(results: dict[tuple[int, bool], dict[str, float]]) -> None:
             f"{group:>3}{off['step']:>9.2f}{on['step']:>9.2f}{off['step'] / on['step']:>8.2f}"
             f"{on['feature_hit_rate']:>10.0%}{crop_text:>10}{ideal:>8.1%}{measured:>10.1%}"
             f"{work['off']:>13.3f} / {work['on']:<8.3f}{off['cpu_s']:>8.0f} / {on['cpu_s']:<5.0f}"
+            f"{off['tower_clips']:>12.0f} / {on['tower_clips']:<5.0f}"
         )
     print(
         "s: mean seconds per step; ideal = (decode + vision share of the cache-off step) x "
         "(1 - 1/G); measured = 1 - on / off; vision+decode s: those seconds per step; CPU s: "
-        "the whole run's CPU time (user + system, startup included); crop hit n/a: no crop asked"
+        "the whole run's CPU time (user + system, startup included); tower clips: clips the vision "
+        "tower encoded per step (rollout rounds, log-prob passes, update); crop hit n/a: no crop "
+        "asked"
     )
 
 

@@ -280,6 +280,7 @@ class GRPOModule(pl.LightningModule):
             "time/logprobs_vision": ref[2] + old[2],
             "time/update_vision": update[2],
             "vision_cache/feature_hit_rate": hits / clips if clips else 0.0,
+            "vision_cache/tower_clips": clips - hits,  # clips the vision tower encoded
             "vision_cache/crop_hit_rate": (
                 counts.get("vision_cache/crop_hits", 0.0) / crops if crops else 0.0
             ),

@@ -52,4 +52,8 @@ def test_demo_learning_figures_are_unchanged_with_the_cache(tmp_path, tiny_qwen3
     # Off: every clip through the tower; on: the G=2 siblings and the update shared them.
     assert off["vision_cache/feature_hit_rate"] == [0.0, 0.0]
     assert min(on["vision_cache/feature_hit_rate"]) >= 0.5
+    for encoded_on, encoded_off in zip(
+        on["vision_cache/tower_clips"], off["vision_cache/tower_clips"], strict=True
+    ):
+        assert 0 < encoded_on < encoded_off
     assert all(t > 0 for t in off["time/rollout_vision"] + off["time/update_vision"])
