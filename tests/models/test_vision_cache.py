@@ -101,3 +101,11 @@ def test_trained_tower_never_reuses_features_across_an_update(tiny_qwen3_dir, ne
     _, distinct = clips(trajs)
     assert cache.take_stats()[1] == distinct  # every clip recomputed by the updated tower
     assert torch.allclose(after, logprobs(plain, trajs, ids, False), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("key", ["feature_bytes", "crop_bytes"])
+def test_a_negative_bound_is_named(key):
+    from paravt.modules.rollout_datamodule import VisionCacheConfig
+
+    with pytest.raises(ValueError, match=rf"rollout\.vision_cache\.{key} must be >= 0"):
+        VisionCacheConfig(**{key: -1})
