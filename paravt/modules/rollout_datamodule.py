@@ -274,6 +274,7 @@ class RolloutDataModule(PromptDataModule):
         once per video, counted, never retried); `fail_fast` stops the run instead.
         """
         agent = self.connect(module)
+        decoded = self._start_step_caches(agent)  # async too: the trainer's passes fill it
         if self.rollout.mode == "async":
             from paravt.modules.async_rollouts import AsyncRollouts, rollout_batch
 
@@ -285,7 +286,6 @@ class RolloutDataModule(PromptDataModule):
             self.sync(module, 0)  # too stale: regenerated here with the current weights
         sync_s = self.sync(module, self.rollout.max_staleness)
         cfg = self.rollout
-        decoded = self._start_step_caches(agent)
         samples = [s for s in batch.samples if s.video not in self.bad_videos]
         skipped = [
             (s.id, self.bad_videos[s.video]) for s in batch.samples if s.video in self.bad_videos
