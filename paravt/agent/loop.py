@@ -23,7 +23,7 @@ from typing import Any
 from paravt.agent import prompts
 from paravt.agent.parsing import check_dialect, parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
-from paravt.agent.tools import CropConfig, ParallelToolExecutor
+from paravt.agent.tools import CropCache, CropConfig, ParallelToolExecutor
 from paravt.errors import VideoError
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
 from paravt.types import (
@@ -126,7 +126,9 @@ class AgentLoop:
         cfg: AgentConfig = AgentConfig(),
         crop: CropConfig | None = None,
         executor: ParallelToolExecutor | None = None,
+        crop_cache: CropCache | None = None,
     ):
+        """`crop_cache`: decoded crops shared by the rollouts (ignored with an `executor`)."""
         from paravt.agent.tools import CropVideoTool
 
         self.engine = engine
@@ -136,7 +138,7 @@ class AgentLoop:
         # The crop grid is the model's (patch x merge), read from its processor, never from YAML.
         self.crop = replace(crop or CropConfig(), factor=renderer.frame_factor)
         self.executor = executor or ParallelToolExecutor(
-            {"crop_video": CropVideoTool()}, source, self.crop
+            {"crop_video": CropVideoTool()}, source, self.crop, crop_cache
         )
         self.tokenizer = renderer.tokenizer
         self.end_of_turn = renderer.end_of_turn

@@ -7,7 +7,9 @@ Failures come back as short error texts in `ToolResult.error`, never as exceptio
 
 `ParallelToolExecutor` runs the calls of a round (of all trajectories) on a shared thread pool;
 crops of one video are planned first and decoded with ONE `FrameSource.read`, so K crops (or G
-rollouts cropping the same prompt video) decode it once.
+rollouts cropping the same prompt video) decode it once. A `CropCache` keeps decoded crops for the
+rest of the step: a window a sibling already cropped (this round or an earlier one) is not read
+again.
 
 This module deliberately does not decode video (a `FrameSource` does; `paravt.video.reader` is
 the decord one), render tool responses into tokens (the agent loop and prompts do), or write
@@ -17,8 +19,10 @@ sub-agent summaries (`paravt.agent.subagent`).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -79,6 +83,67 @@ class CropPlan:
 
     window: tuple[float, float]
     indices: tuple[int, ...]
+
+
+class CropCache:
+    """Decoded crops by (video, window, sampling, resolution), shared by every rollout of a step.
+
+    G rollouts of a prompt often crop the same window, in the same round or a later one; a hit
+    skips the decode (and the frames are the same object, so they are identical by
+    construction). Least recently used crops leave once the cached pixels pass `max_bytes`
+    (0: nothing is cached). `hits` / `lookups` count the crops asked since `take_stats`.
+    """
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"crop cache: max_bytes must be >= 0 (0: off), got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._crops: OrderedDict[tuple, Frames] = OrderedDict()
+        self._lock = threading.Lock()  # the executor reads videos on several threads
+        self.nbytes = 0
+        self.hits = 0
+        self.lookups = 0
+
+    @staticmethod
+    def key(video: str, window: tuple[float, float], cfg: CropConfig) -> tuple:
+        """What decides a crop's frames: the file, the window and the crop sampling settings."""
+        sampling = (cfg.sample_fps, cfg.min_frames, cfg.max_frames)
+        resolution = (cfg.max_pixels, cfg.min_pixels, cfg.factor)
+        return (os.path.abspath(video), window, sampling, resolution)
+
+    def get(self, key: tuple) -> Frames | None:
+        with self._lock:
+            found = self._crops.get(key)
+            if found is not None:
+                self._crops.move_to_end(key)
+            return found
+
+    def put(self, key: tuple, frames: Frames) -> None:
+        size = int(frames.pixels.nbytes)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._crops.pop(key, None)
+            self.nbytes += size - (int(old.pixels.nbytes) if old is not None else 0)
+            self._crops[key] = frames
+            while self.nbytes > self.max_bytes:
+                _, gone = self._crops.popitem(last=False)
+                self.nbytes -= int(gone.pixels.nbytes)
+
+    def count(self, hits: int, lookups: int) -> None:
+        with self._lock:
+            self.hits += hits
+            self.lookups += lookups
+
+    def take_stats(self) -> tuple[int, int]:
+        """(hits, lookups) since the last call, then zeroed."""
+        with self._lock:
+            out = (self.hits, self.lookups)
+            self.hits = self.lookups = 0
+            return out
+
+    def __len__(self) -> int:
+        return len(self._crops)
 
 
 class Tool(Protocol):
@@ -232,11 +297,16 @@ class ParallelToolExecutor:
     """
 
     def __init__(
-        self, tools: Mapping[str, Tool], source: FrameSource, cfg: CropConfig | None = None
+        self,
+        tools: Mapping[str, Tool],
+        source: FrameSource,
+        cfg: CropConfig | None = None,
+        cache: CropCache | None = None,
     ) -> None:
         self._tools = dict(tools)
         self._source = source
         self._cfg = cfg if cfg is not None else CropConfig()
+        self.cache = cache if cache is not None and cache.max_bytes > 0 else None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -267,7 +337,8 @@ class ParallelToolExecutor:
                     )
                     jobs.append(_Job(run, (slot,)))
         for (name, video), members in groups.items():
-            run = partial(_run_group, self._tools[name], video, members, self._source, self._cfg)
+            tool = self._tools[name]
+            run = partial(_run_group, tool, video, members, self._source, self._cfg, self.cache)
             jobs.append(_Job(run, tuple(slot for slot, _ in members)))
         timed_out = f"timed out after {self._cfg.timeout_s:g} s"
         for job, outcome in zip(jobs, self._gather([job.run for job in jobs]), strict=True):
@@ -361,8 +432,11 @@ def _run_group(
     members: Sequence[tuple[_Slot, ToolCall]],
     source: FrameSource,
     cfg: CropConfig,
+    cache: CropCache | None = None,
 ) -> list[ToolResult]:
-    """All crops of one video: plan each, read the union of their frames once, slice per crop."""
+    """All crops of one video: plan each, read the union of their frames once, slice per crop.
+    With a `cache`, crops already decoded (this step, or by a sibling earlier in this call) are
+    served from it and only the others are read."""
     try:
         info = source.info(video)
     except Exception as err:
@@ -373,23 +447,58 @@ def _run_group(
             plans.append(tool.plan(call, info, cfg))
         except Exception as err:
             plans.append(failure_text(slot.name, err))
-    wanted = sorted({i for plan in plans if isinstance(plan, CropPlan) for i in plan.indices})
+    crops = _cached_crops(plans, video, cfg, cache)
+    wanted = sorted(
+        {
+            i
+            for p in plans
+            if isinstance(p, CropPlan) and _key(p, video, cfg) not in crops
+            for i in p.indices
+        }
+    )
     frames: Frames | str | None = None
     if wanted:
         try:
             frames = source.read(video, wanted, cfg.max_pixels, cfg.factor, cfg.min_pixels)
         except Exception as err:
             frames = failure_text(tool.name, err)
-    return [
-        _crop_result(slot, plan, frames) for (slot, _), plan in zip(members, plans, strict=True)
-    ]
+    results = []
+    for (slot, _), plan in zip(members, plans, strict=True):
+        known = crops.get(_key(plan, video, cfg)) if isinstance(plan, CropPlan) else None
+        result = _crop_result(slot, plan, known if known is not None else frames, known is None)
+        if cache is not None and result.ok and known is None:
+            crops[_key(plan, video, cfg)] = result.frames  # later siblings share these frames
+            cache.put(_key(plan, video, cfg), result.frames)
+        results.append(result)
+    return results
 
 
-def _crop_result(slot: _Slot, plan: CropPlan | str, frames: Frames | str | None) -> ToolResult:
+def _key(plan: CropPlan, video: str, cfg: CropConfig) -> tuple:
+    return CropCache.key(video, plan.window, cfg)
+
+
+def _cached_crops(plans, video: str, cfg: CropConfig, cache: CropCache | None) -> dict:
+    """The crops of `plans` already in `cache`; counts every planned crop as a lookup and
+    every crop that needs no read (cached, or a repeat of an earlier plan) as a hit."""
+    if cache is None:
+        return {}
+    keys = [_key(p, video, cfg) for p in plans if isinstance(p, CropPlan)]
+    found = {k: f for k in dict.fromkeys(keys) if (f := cache.get(k)) is not None}
+    cache.count(hits=len(keys) - len(set(keys) - set(found)), lookups=len(keys))
+    return found
+
+
+def _crop_result(
+    slot: _Slot, plan: CropPlan | str, frames: Frames | str | None, read: bool = True
+) -> ToolResult:
+    """The crop of `plan` out of the round's read `frames`, or `frames` itself (`read=False`:
+    a cached crop)."""
     if isinstance(plan, str):
         return _error(slot, plan)
     if isinstance(frames, str):
         return _error(slot, frames)
+    if not read:
+        return ToolResult(slot.index, slot.name, frames=frames, window=plan.window)
     crop = slice_frames(frames, plan.indices) if frames is not None else None
     if crop is None:
         return _error(slot, f"{slot.name} failed: the frame source skipped requested frames")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from paravt.models.vision_cache import register_sources
 from paravt.types import Frames, Visual
 
 
@@ -41,6 +42,9 @@ def visual_kwargs(visuals: Sequence[Visual], device: torch.device | str) -> dict
         "pixel_values_videos": torch.cat([v.pixel_values_videos for v in visuals]).to(device),
         "video_grid_thw": torch.cat([v.video_grid_thw for v in visuals]).to(device),
     }
+    # The vision feature cache keys clips by the (memoised) digests of these CPU tensors.
+    sources = [(v.pixel_values_videos, v.video_grid_thw) for v in visuals]
+    register_sources(out["pixel_values_videos"], sources)
     if all(v.second_per_grid_ts is not None for v in visuals):
         out["second_per_grid_ts"] = torch.tensor([v.second_per_grid_ts for v in visuals])
     return out

@@ -28,6 +28,7 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import BaseView, export_lora, fold_adapters, is_lora
 from paravt.models.runtime import PhaseTimer, grad_norm, pad_rows, rng_state, set_rng_state
 from paravt.models.varlen_attention import varlen_attention
+from paravt.models.vision_cache import take_stats as take_feature_stats
 from paravt.modules.packed_forward import packed_chunks, packed_trajectory_logprobs
 from paravt.parallel.distributed import (
     MicroBatch,
@@ -151,6 +152,7 @@ class GRPOModule(pl.LightningModule):
         self._reference_kl = 0.0
         self.resumed_step: int | None = None  # the checkpoint's global step after a resume
         self._fresh_version, self._gaps = -1, []  # the step's engine/trainer gap parts
+        self._old_vision = (0, 0, 0.0)  # the proximal pass's vision-cache figures this step
 
     @property
     def updates_per_step(self) -> int:
@@ -211,9 +213,11 @@ class GRPOModule(pl.LightningModule):
         temp = batch.temperature  # every log-prob of the step is at the sampling temperature
         with timer("reward"):
             rewards, judged = self._rewards(trajs, batch.repeated_samples())
+        take_feature_stats(self.policy, self.reference)  # what ran between steps (evaluation)
         with self._attention():
             with timer("logprobs"):
                 totals = self._rewards_with_kl(trajs, rewards, temp)
+            ref_vision = take_feature_stats(self.policy, self.reference)
             adv = compute_advantages(
                 totals.view(len(batch.samples), batch.group_size), self.algo.advantage
             )
@@ -237,6 +241,7 @@ class GRPOModule(pl.LightningModule):
         metrics["weight_version"] = float(batch.weight_version)
         metrics["rollout/skipped_prompts"] = float(len(batch.skipped))  # undecodable videos
         metrics |= batch.counts | judged
+        metrics |= self._vision_metrics(batch.counts, ref_vision)
         # Every rank logs the global batch's figures; each rank skips its own prompts' videos.
         # Ranks hold unequal shares when B is not a multiple of W: weigh each by its rollouts.
         sums = ("update/trajectories", "update/trained_tokens", *SKIP_SUMS)
@@ -261,6 +266,25 @@ class GRPOModule(pl.LightningModule):
         return judged_rewards(
             trajs, samples, self.reward_weights, self.judge, self.judge_guard, global_sums
         )
+
+    def _vision_metrics(self, counts, ref: tuple[int, int, float]) -> dict[str, float]:
+        """Seconds in the vision tower per phase (old = proximal and reference log-probs) and
+        the step's feature and crop cache hit rates (paravt.models.vision_cache)."""
+        update = take_feature_stats(self.policy, self.reference)
+        old, self._old_vision = self._old_vision, (0, 0, 0.0)
+        hits = counts.get("vision_cache/rollout_feature_hits", 0.0) + ref[0] + old[0] + update[0]
+        clips = counts.get("vision_cache/rollout_feature_clips", 0.0)
+        clips += sum(s[0] + s[1] for s in (ref, old, update))
+        crops = counts.get("vision_cache/crop_lookups", 0.0)
+        return {
+            "time/logprobs_vision": ref[2] + old[2],
+            "time/update_vision": update[2],
+            "vision_cache/feature_hit_rate": hits / clips if clips else 0.0,
+            "vision_cache/tower_clips": clips - hits,  # clips the vision tower encoded
+            "vision_cache/crop_hit_rate": (
+                counts.get("vision_cache/crop_hits", 0.0) / crops if crops else 0.0
+            ),
+        }
 
     def _rewards_with_kl(self, trajs, rewards, temperature: float) -> torch.Tensor:
         """R - kl_coef * KL(sampling policy || reference) per rollout (reward-side KL).
@@ -317,6 +341,7 @@ class GRPOModule(pl.LightningModule):
             # docs/method.md pitfall 4; sub-agent text has no structural tags to anchor.
             items += [(s, a, False) for t, a, _ in list(items) for s in t.sub_trajectories]
         prox = self._proximal_logprobs([t for t, _, _ in items], temperature)
+        self._old_vision = take_feature_stats(self.policy, self.reference)
         # The first mini-batch's forward runs the pre-update weights: its log-probs against the
         # engine's are the step's mismatch figures, at no extra pass (paravt.rl.importance).
         self._fresh_version, self._gaps = self.policy_version, []

@@ -21,14 +21,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+
 from paravt.agent.greedy import greedy_rollouts
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.agent.tools import CropConfig
+from paravt.agent.tools import CropCache, CropConfig
 from paravt.data.datasets import BadRowError
 from paravt.data.packing import model_rope_index
 from paravt.data.prompt_datamodule import PromptBatch, PromptDataModule
 from paravt.errors import VideoError
+from paravt.models.lora import BaseView
+from paravt.models.vision_cache import install_feature_cache, model_caches
+from paravt.models.vision_cache import take_stats as take_feature_stats
 from paravt.parallel.distributed import is_sharded, on_meta
 from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajectory
 from paravt.rollout.consistency import check_mode as check_consistency_mode
@@ -40,6 +45,30 @@ from paravt.video.reader import VideoReader
 
 log = logging.getLogger(__name__)
 BudgetSampler = Callable[[str, int], int]  # (prompt id, epoch) -> frame budget K
+
+
+@dataclass(frozen=True)
+class VisionCacheConfig:
+    """Each clip decoded and encoded once per step, whatever number of rollouts show it.
+
+    `enabled`: the vision feature cache on the policy, the reference and an engine copy
+    (paravt.models.vision_cache; exact: a trained tower is never cached under autograd, nor
+    across a weight update) and the crop cache of the tools (paravt.agent.tools.CropCache).
+    Bounds in bytes: `feature_bytes` of cached vision features (on the model's device, cleared
+    every step), `crop_bytes` of decoded crop pixels (host memory, least recently used out).
+    """
+
+    enabled: bool = True
+    feature_bytes: int = 1 << 30
+    crop_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("feature_bytes", "crop_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"rollout.vision_cache.{name} must be >= 0 bytes, got {getattr(self, name)}; "
+                    "set rollout.vision_cache.enabled=false to turn the caches off"
+                )
 
 
 @dataclass(frozen=True)
@@ -61,6 +90,8 @@ class RolloutConfig:
     # Rollout/trainer consistency of every trajectory (paravt.rollout.consistency): error |
     # warn (log it, drop the trajectory from the loss) | off.
     consistency: str = "warn"
+    # Compute each video once per step: vision features and crops shared by the G rollouts.
+    vision_cache: VisionCacheConfig = field(default_factory=VisionCacheConfig)
 
     def __post_init__(self) -> None:
         check_consistency_mode(self.consistency)
@@ -101,6 +132,8 @@ class RolloutDataModule(PromptDataModule):
         self.async_rollouts = None  # rollout.mode=async: the generator process, once started
         self._steps = None  # the loader's prompt batches, for submitting steps ahead
         self._consistency = None  # (VisionSpec, rope index) once the policy is connected
+        self.crop_cache: CropCache | None = None  # built with the agent
+        self._vision_models: list = []  # models whose vision tower the feature cache fronts
 
     # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
@@ -128,19 +161,45 @@ class RolloutDataModule(PromptDataModule):
             )
         self.engine = self._build_engine(module)
         renderer = ChatRenderer(module.processor)
+        cache = self.rollout.vision_cache
+        self.crop_cache = CropCache(cache.crop_bytes if cache.enabled else 0)
         self.agent = AgentLoop(
-            self.engine, renderer, VideoReader(), self.rollout.agent, self.rollout.crop
+            self.engine,
+            renderer,
+            VideoReader(),
+            self.rollout.agent,
+            self.rollout.crop,
+            crop_cache=self.crop_cache,
         )
         return self.agent
 
     def _build_engine(self, module: RolloutPolicy) -> RolloutEngine:
-        return build_engine(
+        engine = build_engine(
             self.rollout.engine,
             module.policy,
             module.processor,
             model_path=module.model_path,
             share_weights=self.rollout.max_staleness == 0 or on_meta(module.policy),
         )
+        self._vision_models = self.install_feature_caches(module, getattr(engine, "model", None))
+        return engine
+
+    def install_feature_caches(self, module: RolloutPolicy, engine_model) -> list:
+        """The vision feature cache (`rollout.vision_cache`) on the policy, the reference and an
+        engine's own copy: the models whose forwards encode the step's clips. Off, the models
+        are still wrapped, to time their vision tower (`time/*_vision`), and cache nothing."""
+        cfg = self.rollout.vision_cache
+        models = [module.policy, getattr(module, "reference", None), engine_model]
+        models = [m for m in models if isinstance(m, torch.nn.Module | BaseView)]
+        installed = []
+        for model in models:
+            try:
+                install_feature_cache(model, cfg.feature_bytes, cfg.enabled)
+            except AttributeError as err:  # not a Qwen-VL model: its tower runs uncached
+                log.warning("rollout.vision_cache: %s", err)
+                continue
+            installed.append(model)
+        return installed
 
     def engine_shares(self, module: RolloutPolicy) -> bool:
         """Whether the engine generates with `module`'s policy object itself."""
@@ -215,6 +274,7 @@ class RolloutDataModule(PromptDataModule):
         once per video, counted, never retried); `fail_fast` stops the run instead.
         """
         agent = self.connect(module)
+        decoded = self._start_step_caches(agent)  # async too: the trainer's passes fill it
         if self.rollout.mode == "async":
             from paravt.modules.async_rollouts import AsyncRollouts, rollout_batch
 
@@ -244,6 +304,7 @@ class RolloutDataModule(PromptDataModule):
         self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
+        timings |= self._rollout_cache_timings(agent, decoded)
         t0 = time.perf_counter()
         trajs, checked = self.check_consistency(batch.step, trajs, module)
         timings["consistency"] = time.perf_counter() - t0
@@ -263,8 +324,34 @@ class RolloutDataModule(PromptDataModule):
             durations=tuple(agent.source.info(s.video).duration for s in samples),
             timings=timings,
             skipped=tuple(skipped),
-            counts=self.skip_counts() | checked,
+            counts=self.skip_counts() | checked | self._crop_cache_counts(),
         )
+
+    def _start_step_caches(self, agent: AgentLoop) -> float:
+        """A new step: the previous step's vision features are dropped (they hold device
+        memory) and the cache counters restart; the reader's decode seconds so far."""
+        for cache in model_caches(*self._vision_models):
+            cache.clear()
+        take_feature_stats(*self._vision_models)
+        return float(getattr(agent.source, "read_seconds", 0.0))
+
+    def _rollout_cache_timings(self, agent: AgentLoop, decoded: float) -> dict[str, float]:
+        """Seconds of the rollout spent decoding video and in the vision tower; the feature
+        cache's rollout hits and misses ride along (`GRPOModule` sums the step's)."""
+        hits, misses, seconds = take_feature_stats(*self._vision_models)
+        self._rollout_feature_stats = (hits, misses)
+        decode = float(getattr(agent.source, "read_seconds", 0.0)) - decoded
+        return {"rollout_decode": decode, "rollout_vision": seconds}
+
+    def _crop_cache_counts(self) -> dict[str, float]:
+        hits, lookups = self.crop_cache.take_stats() if self.crop_cache else (0, 0)
+        f_hits, f_misses = getattr(self, "_rollout_feature_stats", (0, 0))
+        return {
+            "vision_cache/crop_hits": float(hits),
+            "vision_cache/crop_lookups": float(lookups),
+            "vision_cache/rollout_feature_hits": float(f_hits),
+            "vision_cache/rollout_feature_clips": float(f_hits + f_misses),
+        }
 
     def check_consistency(self, step: int, trajs, module: RolloutPolicy) -> tuple[list, dict]:
         """`rollout.consistency` applied to the step's trajectories: tokens vs vision inputs,

@@ -22,6 +22,7 @@ import bisect
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,7 @@ class VideoReader:
         self._fast_decode = fast_decode
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._lock = threading.Lock()  # guards the cache only; decoding holds per-video locks
+        self.read_seconds = 0.0  # wall time spent in `read`, summed over threads
 
     def info(self, path: str) -> VideoInfo:
         return self._get(path).info
@@ -95,6 +97,17 @@ class VideoReader:
         min_pixels: int = 0,
     ) -> Frames:
         """Decode `indices` (repeats allowed, any order) resized to fit `max_pixels`."""
+        t0 = time.perf_counter()
+        try:
+            return self._read(path, indices, max_pixels, factor, min_pixels)
+        finally:
+            elapsed = time.perf_counter() - t0
+            with self._lock:
+                self.read_seconds += elapsed
+
+    def _read(
+        self, path: str, indices: Sequence[int], max_pixels: int, factor: int, min_pixels: int
+    ) -> Frames:
         video = self._get(path)
         info = video.info
         wanted = [int(i) for i in indices]

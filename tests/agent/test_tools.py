@@ -18,6 +18,7 @@ import pytest
 
 from paravt.agent.parsing import parse_tool_calls
 from paravt.agent.tools import (
+    CropCache,
     CropConfig,
     CropVideoTool,
     ParallelToolExecutor,
@@ -299,6 +300,51 @@ def test_crops_of_one_video_share_one_read(
     levels = [float(f.mean()) for f in results[2][1].frames.pixels]
     assert levels == pytest.approx([225, 220], abs=2)  # 250 - 5*5, 250 - 5*6; codec error <= 1
     assert results[2][1].frames.timestamps == (5.0, 6.0)
+
+
+def test_crop_cache_serves_siblings_without_reading_again(
+    source: CountingSource, grey_video: str, other_video: str
+) -> None:
+    cache = CropCache(max_bytes=1 << 20)
+    with ParallelToolExecutor({"crop_video": CropVideoTool()}, source, CropConfig(), cache) as ex:
+        # Round 1: two siblings ask [3, 8] (one decode of its frames), one asks [0, 2].
+        first = ex.run_many(
+            [(calls(block(3, 8)), grey_video), (calls(block(3, 8), block(0, 2)), grey_video)]
+        )
+        assert source.reads == [(grey_video, (1, 3, 7, 9, 11, 13, 15))]
+        assert first[0][0].frames is first[1][0].frames  # the same decoded crop, shared
+        assert cache.take_stats() == (1, 3)
+        # Round 2: [3, 8] again (cached), [7, 9] new, and the same window of another video.
+        second = ex.run_many(
+            [(calls(block(3, 8), block(7, 9)), grey_video), (calls(block(3, 8)), other_video)]
+        )
+        assert sorted(source.reads[1:]) == [(grey_video, (15, 17)), (other_video, (3, 4, 5, 6, 7))]
+        assert cache.take_stats() == (1, 3)
+    assert_crop(second[0][0], [7, 9, 11, 13, 15], (3.0, 8.0))  # cached pixels are the frames
+    assert_crop(second[0][1], [15, 17], (7.0, 9.0))
+    assert [round(float(f.mean())) for f in second[1][0].frames.pixels] == pytest.approx(
+        [235, 230, 225, 220, 215], abs=2
+    )
+
+
+@pytest.mark.parametrize(("frames_held", "reads", "hits"), [(7, 2, 1), (5, 3, 0)])
+def test_crop_cache_keys_on_sampling_and_stays_under_its_bound(
+    source: CountingSource, grey_video: str, frames_held: int, reads: int, hits: int
+) -> None:
+    """[3, 8] at 1 fps (5 frames), at 0.5 fps (2 frames: another crop), at 1 fps again: served
+    from the cache when the bound holds both crops, read again when the second evicted it."""
+    cache = CropCache(max_bytes=frames_held * 64 * 64 * 3)
+    for fps in (1.0, 0.5, 1.0):
+        cfg = CropConfig(sample_fps=fps)
+        with ParallelToolExecutor({"crop_video": CropVideoTool()}, source, cfg, cache) as ex:
+            ex.run_many([(calls(block(3, 8)), grey_video)])
+        assert cache.nbytes <= cache.max_bytes
+    assert len(source.reads) == reads and cache.take_stats() == (hits, 3)
+
+
+def test_crop_cache_refuses_a_negative_bound() -> None:
+    with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+        CropCache(-1)
 
 
 def test_a_slow_read_times_out_and_the_next_round_still_runs(grey_video: str) -> None:
