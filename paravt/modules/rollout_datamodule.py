@@ -35,6 +35,7 @@ from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
 from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
+from paravt.rollout.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
 
@@ -90,6 +91,7 @@ class RolloutDataModule(PromptDataModule):
     def __init__(self, *args, rollout: RolloutConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.rollout = rollout or RolloutConfig()
+        self.weight_sync = WeightSync(self.rollout.max_staleness)  # when the engine gets weights
         self.budget_sampler: BudgetSampler | None = None
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None
@@ -189,12 +191,11 @@ class RolloutDataModule(PromptDataModule):
 
     # ---- generation -------------------------------------------------------------------------
     def sync(self, module: RolloutPolicy, max_staleness: int) -> float:
-        """Give the engine `module`'s weights when they lag by more than `max_staleness`."""
-        t0 = time.perf_counter()
-        lag = module.policy_version - self.engine.weight_version
-        if lag > max_staleness or getattr(self.engine, "needs_sync", False):
-            self.engine.sync_weights(module.policy, module.policy_version)
-        return time.perf_counter() - t0
+        """Give the engine `module`'s weights when they lag by more than `max_staleness`
+        (`WeightSync.at_batch`); the seconds it took (time/sync)."""
+        return self.weight_sync.at_batch(
+            self.engine, module.policy, module.policy_version, max_staleness
+        )
 
     def end_step(self) -> None:
         """The step's last agent round is done: an engine with a sleep mode may sleep now,
