@@ -49,7 +49,7 @@ class RolloutConfig:
 
     group_size: int = 8
     temperature: float = 0.7
-    default_budget: int = 64
+    frame_budget: int = 64
     max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
@@ -104,7 +104,7 @@ class RolloutDataModule(PromptDataModule):
         self._steps = None  # the loader's prompt batches, for submitting steps ahead
         self._consistency = None  # (VisionSpec, rope index) once the policy is connected
 
-    # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
+    # ---- the Protocol callbacks use (FrameBudgetGating) ---------------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
         """Draw every prompt's overview frame budget with `sampler(prompt_id, epoch)`."""
         self.budget_sampler = sampler
@@ -206,7 +206,7 @@ class RolloutDataModule(PromptDataModule):
 
     def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         if self.budget_sampler is None:
-            return [self.rollout.default_budget] * len(samples)
+            return [self.rollout.frame_budget] * len(samples)
         return [int(self.budget_sampler(s.id, epoch)) for s in samples]
 
     def generate_rollouts(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
@@ -346,7 +346,7 @@ class RolloutDataModule(PromptDataModule):
         """One trajectory per sample with the module's current weights (held-out evaluation,
         `paravt.agent.greedy.greedy_rollouts`: the engine is synced first)."""
         agent = self.connect(module)
-        budgets = [self.rollout.default_budget] * len(samples)
+        budgets = [self.rollout.frame_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
         run = greedy_rollouts(
             agent,

@@ -23,7 +23,8 @@ from paravt.types import (
 )
 
 # The overfitted checkpoint was trained with 4 overview frames and 2 tool rounds.
-FAST = ["--num", "2", "--group", "2", "--budget", "4", "--rounds", "2", "--max-new-tokens", "160"]
+FAST = ["--num", "2", "--group", "2", "--frame-budget", "4", "--rounds", "2"]
+FAST += ["--max-new-tokens", "160"]
 WINDOW_RESULT = re.compile(r"\] crop_video \d+\.\ds-\d+\.\ds: \d+ frames at \d+\.\ds")
 
 
