@@ -242,6 +242,11 @@ def _error(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
+def test_the_former_budget_flag_is_named_with_its_new_name(tmp_path, capsys):
+    line = _error(capsys, ["--model", str(tmp_path), "--data", "d.jsonl", "--budget", "4"])
+    assert line == "paravt rollout: --budget is now --frame-budget"
+
+
 def test_missing_model_dir(tmp_path, needle_dir, capsys):
     missing = tmp_path / "no_model"
     line = _error(capsys, ["--model", str(missing), "--data", str(needle_dir / "train.jsonl")])
