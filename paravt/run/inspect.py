@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("num", "group", "budget", "max_new_tokens", "max_calls_per_turn"):
+    for name in ("num", "group", "frame_budget", "max_new_tokens", "max_calls_per_turn"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             raise _UsageError(f"{flag} must be >= 1 (got {getattr(args, name)})")

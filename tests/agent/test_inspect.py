@@ -291,7 +291,11 @@ def test_unknown_data_extension(tmp_path, tiny_qwen3_dir, capsys):
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--group", "0"], "--group must be >= 1"), (["--temperature", "0"], "temperature")],
+    [
+        (["--group", "0"], "--group must be >= 1"),
+        (["--frame-budget", "0"], "--frame-budget must be >= 1"),
+        (["--temperature", "0"], "temperature"),
+    ],
 )
 def test_bad_numbers(flags, message, tiny_qwen3_dir, needle_dir, capsys):
     argv = ["--model", str(tiny_qwen3_dir), "--data", str(needle_dir / "train.jsonl"), *flags]
