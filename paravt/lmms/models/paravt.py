@@ -41,6 +41,8 @@ class ParaVT(lmms):
         **kwargs,
     ) -> None:
         super().__init__()
+        if "num_frames" in kwargs:
+            raise ValueError("paravt model: model_args num_frames is now frame_budget")
         if kwargs:
             raise ValueError(f"paravt model: unknown model_args {sorted(kwargs)}")
         self.runner = AgentRunner(
