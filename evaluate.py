@@ -87,7 +87,7 @@ def use_trained_protocol(cfg: DictConfig, overrides: list[str]) -> str:
         why = "trained_protocol=false" if not cfg.trained_protocol else "no paravt_protocol.json"
         return (
             f"protocol: conf/eval.yaml's with mode={cfg.mode.name} ({why} at model.path; "
-            f"protocol.num_frames={cfg.protocol.num_frames})"
+            f"protocol.frame_budget={cfg.protocol.frame_budget})"
         )
     applied, kept = trained_settings(
         record, cfg.mode.name, cfg.benchmark.name, override_keys(overrides)

@@ -66,7 +66,7 @@ def export_policy(cfg: DictConfig, run) -> None:
     if run.trainer.is_global_zero:
         callbacks = {  # resolved against the whole config
             k: OmegaConf.to_container(cfg.callbacks[k], resolve=True)
-            for k in ("frame_budget", "benchmark_validation")
+            for k in ("frame_budget_gating", "benchmark_validation")
             if OmegaConf.select(cfg, f"callbacks.{k}") is not None
         }
         plain = {

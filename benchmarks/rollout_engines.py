@@ -43,7 +43,7 @@ def _time(loop, samples, args) -> tuple[float, int]:
     from paravt.rollout.engine import SamplingParams
 
     params = SamplingParams(temperature=0.7, seed=0)
-    budgets = [args.budget] * len(samples)
+    budgets = [args.frame_budget] * len(samples)
     times, tokens = [], 0
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group", type=int, default=4)
-    p.add_argument("--budget", type=int, default=8)
+    p.add_argument("--frame-budget", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             engine = build_engine(engine_cfg, model, processor, model_path=path)
             start = time.perf_counter() - t0
             loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
-            loop.run(samples[:1], [args.budget], 1, _warm_params())  # warm-up
+            loop.run(samples[:1], [args.frame_budget], 1, _warm_params())  # warm-up
             seconds, tokens = _time(loop, samples, args)
             rows[name] = (start, seconds, tokens)
     n = args.prompts * args.group

@@ -1,6 +1,7 @@
 """Lightning callbacks for PARA-GRPO training, usable in any Lightning project.
 
-- `FrameBudgetRandomization`: per-prompt frame budgets for the DataModule; logs the gate ratio.
+- `FrameBudgetGating`: frame-budget gating, a per-prompt frame budget K for the DataModule;
+  logs the gate ratio (`FrameBudgetRandomization` is its former name).
 - `FormatAnchorCurriculum`: schedules the format-reward weight and the anchor coefficient.
 - `RolloutLogger`: writes a few rollouts (text, crop timeline image) to TensorBoard.
 - `BenchmarkValidation`: evaluates the agent on a held-out file; logs accuracy, f_tau, kappa.
@@ -11,11 +12,11 @@ first reads it, and names the missing piece):
 - `pl_module.last_rollout: paravt.rollout.records.RolloutRecord | None`, None in `__init__` and
   set at the end of every `training_step`: the step's N = B * G trajectories and rewards,
   group-major (the G rollouts of prompt b are contiguous), with each prompt's frame budget,
-  ground-truth windows and video duration (FrameBudgetRandomization, RolloutLogger).
+  ground-truth windows and video duration (FrameBudgetGating, RolloutLogger).
 - `FormatAnchorCurriculum`: the module implements `format_anchor.FormatWeighted`
   (`set_format_weight(w)`) and/or `format_anchor.AnchorWeighted` (`set_anchor_coef(c)`), for
   the schedules configured; checked in `setup`.
-- `FrameBudgetRandomization`: the DataModule implements `frame_budget.BudgetSink`
+- `FrameBudgetGating`: the DataModule implements `frame_budget.BudgetSink`
   (`set_budget_sampler(sampler)`) and calls `sampler(prompt_id: str, epoch: int) -> int` for
   every prompt when it builds a batch (not in its `setup`, which Lightning runs before the
   callbacks'); checked in `setup`. With plain dataloaders, call `callback.sampler.budget(
@@ -37,7 +38,11 @@ the validation figures are also written to the loggers directly, at the step the
 
 from paravt.callbacks.benchmark_validation import BenchmarkValidation
 from paravt.callbacks.format_anchor import FormatAnchorCurriculum
-from paravt.callbacks.frame_budget import FrameBudgetRandomization, GateRecord
+from paravt.callbacks.frame_budget import (  # FrameBudgetRandomization: the former name
+    FrameBudgetGating,
+    FrameBudgetRandomization,
+    GateRecord,
+)
 from paravt.callbacks.records import RolloutRecord
 from paravt.callbacks.rollout_logger import RolloutLogger
 from paravt.callbacks.tool_alarm import ToolUseAlarm
@@ -45,6 +50,7 @@ from paravt.callbacks.tool_alarm import ToolUseAlarm
 __all__ = [
     "BenchmarkValidation",
     "FormatAnchorCurriculum",
+    "FrameBudgetGating",
     "FrameBudgetRandomization",
     "GateRecord",
     "RolloutLogger",

@@ -1,4 +1,4 @@
-"""Frame-budget randomisation as a Lightning callback (docs/method.md section 4 (ii), gating).
+"""Frame-budget gating as a Lightning callback (docs/method.md section 4 (ii)).
 
 In `setup` the callback hands a deterministic `FrameBudgetSampler` to the DataModule through the
 `BudgetSink` Protocol (`set_budget_sampler`), so every prompt's overview budget K comes from the
@@ -107,17 +107,18 @@ def budget_metrics(stats: dict[int, GateStat], budgets: Sequence[int]) -> dict[s
     return metrics
 
 
-class FrameBudgetRandomization(pl.Callback):
-    """Draw each prompt's frame budget from `budgets` (weighted by `weights`) and log the gate."""
+class FrameBudgetGating(pl.Callback):
+    """Draw each prompt's frame budget K from `frame_budgets` (weighted by `weights`) and log
+    the gate."""
 
     def __init__(
         self,
-        budgets: Sequence[int] = DEFAULT_BUDGETS,
+        frame_budgets: Sequence[int] = DEFAULT_BUDGETS,
         weights: Sequence[float] | None = None,
         seed: int = 0,
     ) -> None:
         self.sampler = FrameBudgetSampler(
-            tuple(budgets), None if weights is None else tuple(weights), seed
+            tuple(frame_budgets), None if weights is None else tuple(weights), seed
         )
         self._pending: list[dict[int, GateStat]] = []
         self._budgets: list[int] = []
@@ -128,14 +129,14 @@ class FrameBudgetRandomization(pl.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None:
             rank_zero_warn(
-                "FrameBudgetRandomization: no LightningDataModule to hand the sampler to; with "
+                "FrameBudgetGating: no LightningDataModule to hand the sampler to; with "
                 "plain dataloaders draw each prompt's budget with "
                 "`callback.sampler.budget(prompt_id, epoch)` where the batch is built"
             )
             return
         if not isinstance(datamodule, BudgetSink):
             raise TypeError(
-                f"FrameBudgetRandomization: {type(datamodule).__name__} does not implement "
+                f"FrameBudgetGating: {type(datamodule).__name__} does not implement "
                 "paravt.callbacks.frame_budget.BudgetSink; give it `set_budget_sampler(sampler)` "
                 "and call `sampler(prompt_id, epoch) -> K` for every prompt when it builds a batch"
             )
@@ -164,7 +165,7 @@ class FrameBudgetRandomization(pl.Callback):
         if not hasattr(pl_module, "last_rollout"):
             if not self._warned:
                 rank_zero_warn(
-                    f"FrameBudgetRandomization: {type(pl_module).__name__} has no `last_rollout`,"
+                    f"FrameBudgetGating: {type(pl_module).__name__} has no `last_rollout`,"
                     " so the gate ratio is not logged; set it to a GateRecord (rewards and tool "
                     "calls [B, G], budgets [B]) or a RolloutRecord after every training_step"
                 )
@@ -176,7 +177,7 @@ class FrameBudgetRandomization(pl.Callback):
         if isinstance(record, RolloutRecord):
             return GateRecord.of(record)
         raise TypeError(
-            f"FrameBudgetRandomization: {type(pl_module).__name__}.last_rollout must be a "
+            f"FrameBudgetGating: {type(pl_module).__name__}.last_rollout must be a "
             f"GateRecord, a RolloutRecord or None, got {type(record).__name__}"
         )
 
@@ -196,3 +197,16 @@ class FrameBudgetRandomization(pl.Callback):
             logger.log_metrics(metrics, step=self._last_step)
         if pl_module is not None:
             pl_module.log_dict(metrics, logger=False, batch_size=len(metrics))
+
+
+class FrameBudgetRandomization(FrameBudgetGating):
+    """`FrameBudgetGating` under its former name, whose `budgets` is now `frame_budgets`: code
+    written against the earlier docs/reuse.md keeps working."""
+
+    def __init__(
+        self,
+        budgets: Sequence[int] = DEFAULT_BUDGETS,
+        weights: Sequence[float] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(budgets, weights, seed)

@@ -39,7 +39,9 @@ def _checkout_callbacks() -> None:
     if installed or not (here.parent / "pyproject.toml").is_file():
         return
     if (folder / "__init__.py").is_file():
-        sys.meta_path.append(_CheckoutCallbacks(folder))
+        # First: an editable install of another checkout maps `paravt.callbacks` to its own
+        # folder, which must not win over the callbacks beside this `paravt`.
+        sys.meta_path.insert(0, _CheckoutCallbacks(folder))
 
 
 _checkout_callbacks()

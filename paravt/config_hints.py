@@ -23,6 +23,21 @@ ALIASES = {
     "rl.mask_truncated": "algorithm.mask_truncated",
     "monitor.min_kappa": "callbacks.tool_alarm.min_kappa",
 }
+# paravt's own former names (one name per concept): a key under a renamed one is renamed too.
+RENAMED = {
+    "rollout.default_budget": "rollout.frame_budget",
+    "protocol.num_frames": "protocol.frame_budget",
+    "callbacks.frame_budget": "callbacks.frame_budget_gating",
+    "callbacks.frame_budget.budgets": "callbacks.frame_budget_gating.frame_budgets",
+}
+
+
+def renamed(key: str) -> str | None:
+    """The current name of a renamed `key` (or of a key under a renamed one), else None."""
+    for old in sorted(RENAMED, key=len, reverse=True):  # the most specific rename first
+        if key == old or key.startswith(old + "."):
+            return RENAMED[old] + key[len(old) :]
+    return None
 
 
 def _flat_keys(node, prefix: str = "") -> Iterator[str]:
@@ -88,7 +103,7 @@ def _key_hints(keys, groups, root: Path, config_name: str) -> list[str]:
     lines = []
     for o in keys:
         if not _exists(cfg, o.key_or_group):
-            alias = ALIASES.get(o.key_or_group)
+            alias = ALIASES.get(o.key_or_group) or renamed(o.key_or_group)
             near = [alias] if alias else difflib.get_close_matches(o.key_or_group, known, 3, 0.6)
             lines.append(_line(f"key '{o.key_or_group}'", near, None, None))
     return lines

@@ -96,3 +96,24 @@ def test_another_frameworks_name_for_a_key_gets_paravts(override, key):
     (hint,) = typo_hints(conf, "train", [override])
     assert f"did you mean '{key}'?" in hint
     assert typo_hints(conf, "train", [f"{key}={override.split('=')[1]}"]) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "key"),
+    [
+        ("train", "rollout.default_budget=4", "rollout.frame_budget"),
+        ("train", "callbacks.frame_budget=null", "callbacks.frame_budget_gating"),
+        (
+            "train",
+            "callbacks.frame_budget.budgets=[2,4]",
+            "callbacks.frame_budget_gating.frame_budgets",
+        ),
+        ("train", "callbacks.frame_budget.seed=3", "callbacks.frame_budget_gating.seed"),
+        ("eval", "protocol.num_frames=4", "protocol.frame_budget"),
+    ],
+)
+def test_a_renamed_key_gets_its_new_name(config, override, key):
+    conf = ROOT / "conf"
+    (hint,) = typo_hints(conf, config, [override])
+    assert f"did you mean '{key}'?" in hint
+    assert typo_hints(conf, config, [f"{key}={override.split('=')[1]}"]) == []

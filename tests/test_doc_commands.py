@@ -308,7 +308,7 @@ VLLM_CAPS = {  # as written, plus caps that keep each command to a step or two (
     "callbacks.benchmark_validation.limit=1 callbacks.benchmark_validation.every_n_steps=1",
     "python evaluate.py rollout/engine=vllm benchmark=needle model.path=runs/demo/hf": "limit=1",
     "paravt rollout --engine vllm --model runs/demo/hf --data artifacts/needle_demo/eval.jsonl": (
-        "--num 1 --group 2 --budget 4 --rounds 1 --max-new-tokens 16"
+        "--num 1 --group 2 --frame-budget 4 --rounds 1 --max-new-tokens 16"
     ),
 }
 

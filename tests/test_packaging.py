@@ -28,11 +28,11 @@ class MyCallback:
 
 USER_MODULE = """
 from callbacks import MyCallback
-from paravt.callbacks import FrameBudgetRandomization, RolloutLogger
+from paravt.callbacks import FrameBudgetGating, RolloutLogger
 import paravt.callbacks.frame_budget as frame_budget
 
-assert FrameBudgetRandomization is frame_budget.FrameBudgetRandomization
-print(MyCallback.__module__, FrameBudgetRandomization.__module__, RolloutLogger.__name__)
+assert FrameBudgetGating is frame_budget.FrameBudgetGating
+print(MyCallback.__module__, FrameBudgetGating.__module__, RolloutLogger.__name__)
 """
 
 
@@ -57,7 +57,7 @@ def test_pyproject_ships_every_package_under_paravt_and_no_global_callbacks():
     assert all(p == "paravt" or p.startswith("paravt.") for p in setup["packages"])
 
 
-@pytest.mark.parametrize("name", ["FrameBudgetRandomization", "progress.StepProgress"])
+@pytest.mark.parametrize("name", ["FrameBudgetGating", "progress.StepProgress"])
 def test_an_old_global_callbacks_target_is_refused_naming_the_new_one(name):
     cfg = OmegaConf.create({"callbacks": {"cb": {"_target_": f"callbacks.{name}"}}})
     with pytest.raises(UserError, match=rf"fix: callbacks\.cb\._target_=paravt\.callbacks\.{name}"):

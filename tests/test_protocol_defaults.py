@@ -67,4 +67,4 @@ def test_paravt_rollout_starts_from_the_same_defaults():
         agent.max_new_tokens,
     )
     assert args.max_calls_per_turn == crop.max_calls_per_turn
-    assert (args.budget, args.temperature) == (YAML["default_budget"], YAML["temperature"])
+    assert (args.frame_budget, args.temperature) == (YAML["frame_budget"], YAML["temperature"])

@@ -38,7 +38,7 @@ def test_the_reuse_example_runs_from_a_folder_outside_the_repository(tmp_path):
     assert result["updated"]  # PARAGRPOLoss + the advantages moved the toy policy
     assert result["tool_responses"] > 0  # the parser's calls ran on the executor, on the mp4
     assert 0.0 < result["accuracy"] <= 1.0  # CategoryMean through self.log (a tensor)
-    per = result["per_budget"]  # per_category(), budgets from FrameBudgetRandomization's list
+    per = result["per_budget"]  # per_category(), budgets from FrameBudgetGating's list
     assert set(per) == {"overall", "budget=small", "budget=large"}
     assert per["overall"] == result["accuracy"]
     assert result["gate_logged"]  # the callback's gate metrics reached the CSV logger

@@ -3,10 +3,10 @@
 Held-out validation during training (`BenchmarkValidation` -> `RolloutDataModule.evaluate`), the
 run's per-budget before/after report (`paravt.run.report.budget_eval`) and benchmark evaluation
 (`paravt.eval.runner`) all call `greedy_rollouts`. It first brings the engine to the policy's
-current weights: an engine with weights of its own (vLLM, or the transformers copy kept for
-`rollout.max_staleness > 0`) otherwise measures older weights, e.g. the ones from before the
-cold start, or one update behind at the end of training. Then one greedy trajectory per sample
-at its frame budget.
+current weights (`WeightSync.to_version`): an engine with weights of its own (vLLM, or the
+transformers copy kept for `rollout.max_staleness > 0`) otherwise measures older weights, e.g.
+the ones from before the cold start, or one update behind at the end of training. Then one
+greedy trajectory per sample at its frame budget.
 
 This module deliberately scores nothing: each evaluator scores with its own rule.
 """
@@ -17,17 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from paravt.agent.loop import AgentLoop
-from paravt.rollout.engine import RolloutEngine, SamplingParams
+from paravt.rollout.engine import SamplingParams
+from paravt.rollout.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample
-
-
-def sync_engine(engine: RolloutEngine, policy: Any | None, version: int) -> bool:
-    """Give `engine` `policy`'s weights unless it already samples with update `version`;
-    whether it synced. `policy=None` (an engine built on a fixed checkpoint) never syncs."""
-    if policy is None or engine.weight_version == version:
-        return False
-    engine.sync_weights(policy, version)
-    return True
 
 
 def greedy_rollouts(
@@ -42,6 +34,6 @@ def greedy_rollouts(
     """One greedy trajectory per sample, with the engine synced to (`policy`, `version`) first.
 
     `params` defaults to greedy decoding at the agent's per-turn token cap."""
-    sync_engine(agent.engine, policy, version)
+    WeightSync.to_version(agent.engine, policy, version)
     params = params or SamplingParams(greedy=True, max_new_tokens=agent.cfg.max_new_tokens)
     return agent.run(list(samples), list(budgets), 1, params, skip_bad_videos=skip_bad_videos)

@@ -1,7 +1,7 @@
 """One table comparing evaluation runs (modes, models), in the layout of the paper's tables.
 
 `comparison_table(rows)` is pure: one row per run (its label: the mode, then every override that
-differs between the runs, e.g. `parallel protocol.num_frames=2`; `job_labels`), one column
+differs between the runs, e.g. `parallel protocol.frame_budget=2`; `job_labels`), one column
 per benchmark metric (the headline first: accuracy / m_avg / miou, R@k, then the breakdowns),
 and the mean tool calls per sample last, fractions as percentages. `ComparisonTable` is the Hydra
 callback that collects each job's metrics in a multirun

@@ -30,12 +30,12 @@ class EvalConfig:
 
     agent: AgentConfig = PAPER_AGENT
     crop: CropConfig = field(default_factory=CropConfig)
-    num_frames: int = 64
+    frame_budget: int = 64
     batch_size: int = 8
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_frames", "batch_size"):
+        for name in ("frame_budget", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
 

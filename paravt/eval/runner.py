@@ -120,7 +120,7 @@ def _run_batch(
     params = SamplingParams(greedy=True, max_new_tokens=cfg.agent.max_new_tokens, seed=cfg.seed)
     try:
         samples = [i.sample for i in batch]
-        trajs = greedy_rollouts(loop, samples, [cfg.num_frames] * len(batch), params=params)
+        trajs = greedy_rollouts(loop, samples, [cfg.frame_budget] * len(batch), params=params)
     except VideoError as error:
         if fail_fast:
             raise

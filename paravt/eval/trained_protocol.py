@@ -7,7 +7,7 @@ that way the demo's policy never calls a tool. So `train.py` writes `paravt_prot
 command line sets them or `trained_protocol=false` asks for the paper's (`apply_trained_protocol`).
 
 The file holds dotted keys of conf/eval.yaml (`rollout.agent.*`, `rollout.crop.*`,
-`protocol.num_frames`), the frame budgets trained on, and the needle annotation file the run
+`protocol.frame_budget`), the frame budgets trained on, and the needle annotation file the run
 validated on. The dispatch mode stays the evaluation's choice (`mode=`): the tool-round count
 and the call cap are taken from training only in the modes that run tools the way training did.
 """
@@ -38,6 +38,8 @@ MODE_KEYS = {
     "rollout.agent.max_rounds": ("parallel", "sequential"),
     "rollout.crop.max_calls_per_turn": ("parallel",),
 }
+# Keys a record written by an earlier paravt may hold, under their current names.
+FORMER_KEYS = {"protocol.num_frames": "protocol.frame_budget"}
 
 
 def protocol_of_training(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,9 +48,9 @@ def protocol_of_training(cfg: Mapping[str, Any]) -> dict[str, Any]:
     settings = {f"rollout.agent.{k}": rollout["agent"][k] for k in AGENT_KEYS}
     settings |= {f"rollout.crop.{k}": rollout["crop"][k] for k in CROP_KEYS}
     settings["rollout.crop.max_calls_per_turn"] = rollout["crop"]["max_calls_per_turn"]
-    budget_cb = (cfg.get("callbacks") or {}).get("frame_budget") or {}
-    budgets = [int(b) for b in budget_cb.get("budgets") or [rollout["default_budget"]]]
-    settings["protocol.num_frames"] = max(budgets)  # the largest budget trained on
+    gating = (cfg.get("callbacks") or {}).get("frame_budget_gating") or {}
+    budgets = [int(b) for b in gating.get("frame_budgets") or [rollout["frame_budget"]]]
+    settings["protocol.frame_budget"] = max(budgets)  # the largest budget trained on
     return {
         "written_by": "paravt train.py",
         "run": cfg.get("name"),
@@ -87,6 +89,7 @@ def read_protocol(model_path: str) -> dict[str, Any] | None:
         ) from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ValueError(f"{path}: expected an object with a 'settings' object; delete it")
+    record["settings"] = {FORMER_KEYS.get(k, k): v for k, v in record["settings"].items()}
     return record
 
 

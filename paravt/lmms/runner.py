@@ -38,14 +38,14 @@ class Question:
     video: str
 
 
-def protocol(mode: str, num_frames: int, max_new_tokens: int, batch_size: int) -> EvalConfig:
+def protocol(mode: str, frame_budget: int, max_new_tokens: int, batch_size: int) -> EvalConfig:
     """The evaluation protocol of `mode` (the paper's agent settings otherwise)."""
     if mode not in MODES:
         raise UserError(f"paravt mode={mode!r} is unknown: choose one of {', '.join(MODES)}")
     agent_over, calls = MODES[mode]
     agent: AgentConfig = replace(PAPER_AGENT, max_new_tokens=max_new_tokens, **agent_over)
     crop = CropConfig(max_calls_per_turn=calls)
-    return EvalConfig(agent=agent, crop=crop, num_frames=num_frames, batch_size=batch_size)
+    return EvalConfig(agent=agent, crop=crop, frame_budget=frame_budget, batch_size=batch_size)
 
 
 class AgentRunner:
@@ -55,7 +55,7 @@ class AgentRunner:
         self,
         pretrained: str,
         mode: str = "parallel",
-        num_frames: int = 64,
+        frame_budget: int = 64,
         max_new_tokens: int = 2048,
         batch_size: int = 8,
         forced_answer: str = MCQ_FORCED_ANSWER,
@@ -69,7 +69,7 @@ class AgentRunner:
         from paravt.video.reader import VideoReader
 
         check_model_path(pretrained, None, None)
-        self.cfg = protocol(mode, int(num_frames), int(max_new_tokens), int(batch_size))
+        self.cfg = protocol(mode, int(frame_budget), int(max_new_tokens), int(batch_size))
         model, processor = load_policy(PolicySpec(path=pretrained))
         model.eval().to(device)
         engine = build_engine("hf", model, processor, model_path=pretrained)
@@ -97,7 +97,7 @@ class AgentRunner:
                 Sample(id=q.id, video=q.video, question=q.question, answer="") for q in batch
             ]
             with torch.no_grad():
-                trajs = self.loop.run(samples, [self.cfg.num_frames] * len(samples), 1, params)
+                trajs = self.loop.run(samples, [self.cfg.frame_budget] * len(samples), 1, params)
             out += [t.turns[-1].text if t.turns else "" for t in trajs]
         return out
 

@@ -33,8 +33,9 @@ from paravt.modules.async_worker import (
 from paravt.parallel.collectives import on_rank0_each
 from paravt.parallel.distributed import Rank, shard_bounds
 from paravt.rollout.records import RolloutBatch
-from paravt.rollout.shared_weights import SharedWeights, gather_only
+from paravt.rollout.shared_weights import SharedWeights
 from paravt.rollout.staleness import last_startable_step, too_stale
+from paravt.rollout.weight_sync import WeightSync, gather_only
 
 # Counts summed over the ranks (paravt.modules.grpo.SKIP_SUMS) that every rank here holds for
 # the whole batch: reported by rank 0 alone.
@@ -112,10 +113,7 @@ class AsyncRollouts:
         """The trainer's new weights into the shared copy (every rank joins the gather)."""
         if module.policy_version == self.published:
             return
-        if self.weights is None:
-            gather_only(module.policy, self.bucket_bytes)
-        else:
-            self.weights.publish(module.policy, module.policy_version, self.bucket_bytes)
+        WeightSync.publish(self.weights, module.policy, module.policy_version, self.bucket_bytes)
         self.published = module.policy_version
 
     def _fetch(self, step: int) -> tuple[GenTask, GenResult, float]:

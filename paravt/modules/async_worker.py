@@ -187,13 +187,14 @@ def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import load_policy
     from paravt.rollout.factory import build_engine
+    from paravt.rollout.weight_sync import WeightSync
     from paravt.video.reader import VideoReader
 
     model, processor = load_policy(spec.policy)
     model.requires_grad_(False).eval().to(device)
     version = weights.load_into(model, everything=True)
     engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
-    engine.sync_weights(model, version)
+    WeightSync.changed(engine, model, version)  # the shared copy's weights, not the path's
     agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop)
     return model, engine, agent
 
@@ -203,6 +204,8 @@ def generator_main(
 ) -> None:
     """The child process: build, then serve tasks until a None arrives; results go out over
     `conn`, the write end of the result pipe."""
+    from paravt.rollout.weight_sync import WeightSync
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     results = _Outbox(conn, max_pending)
@@ -211,8 +214,7 @@ def generator_main(
         _pin(spec.cores, spec.threads)
         model, engine, agent = _build(spec, weights, device)
         while (task := tasks.get()) is not None:
-            if weights.version != engine.weight_version:
-                engine.sync_weights(model, weights.load_into(model))
+            WeightSync.into_generator(engine, model, weights)
             t0 = time.perf_counter()
             run = agent.run(
                 list(task.samples),

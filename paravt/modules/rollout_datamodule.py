@@ -40,6 +40,7 @@ from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
 from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
+from paravt.rollout.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
 
@@ -77,7 +78,7 @@ class RolloutConfig:
 
     group_size: int = 8
     temperature: float = 0.7
-    default_budget: int = 64
+    frame_budget: int = 64
     max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
@@ -121,6 +122,7 @@ class RolloutDataModule(PromptDataModule):
     def __init__(self, *args, rollout: RolloutConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.rollout = rollout or RolloutConfig()
+        self.weight_sync = WeightSync(self.rollout.max_staleness)  # when the engine gets weights
         self.budget_sampler: BudgetSampler | None = None
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None
@@ -135,7 +137,7 @@ class RolloutDataModule(PromptDataModule):
         self.crop_cache: CropCache | None = None  # built with the agent
         self._vision_models: list = []  # models whose vision tower the feature cache fronts
 
-    # ---- the Protocol callbacks use (FrameBudgetRandomization) --------------------------------
+    # ---- the Protocol callbacks use (FrameBudgetGating) ---------------------------------------
     def set_budget_sampler(self, sampler: BudgetSampler) -> None:
         """Draw every prompt's overview frame budget with `sampler(prompt_id, epoch)`."""
         self.budget_sampler = sampler
@@ -248,12 +250,11 @@ class RolloutDataModule(PromptDataModule):
 
     # ---- generation -------------------------------------------------------------------------
     def sync(self, module: RolloutPolicy, max_staleness: int) -> float:
-        """Give the engine `module`'s weights when they lag by more than `max_staleness`."""
-        t0 = time.perf_counter()
-        lag = module.policy_version - self.engine.weight_version
-        if lag > max_staleness or getattr(self.engine, "needs_sync", False):
-            self.engine.sync_weights(module.policy, module.policy_version)
-        return time.perf_counter() - t0
+        """Give the engine `module`'s weights when they lag by more than `max_staleness`
+        (`WeightSync.at_batch`); the seconds it took (time/sync)."""
+        return self.weight_sync.at_batch(
+            self.engine, module.policy, module.policy_version, max_staleness
+        )
 
     def end_step(self) -> None:
         """The step's last agent round is done: an engine with a sleep mode may sleep now,
@@ -264,7 +265,7 @@ class RolloutDataModule(PromptDataModule):
 
     def budgets(self, samples: Sequence[Sample], epoch: int) -> list[int]:
         if self.budget_sampler is None:
-            return [self.rollout.default_budget] * len(samples)
+            return [self.rollout.frame_budget] * len(samples)
         return [int(self.budget_sampler(s.id, epoch)) for s in samples]
 
     def generate_rollouts(self, batch: PromptBatch, module: RolloutPolicy) -> RolloutBatch:
@@ -432,7 +433,7 @@ class RolloutDataModule(PromptDataModule):
         """One trajectory per sample with the module's current weights (held-out evaluation,
         `paravt.agent.greedy.greedy_rollouts`: the engine is synced first)."""
         agent = self.connect(module)
-        budgets = [self.rollout.default_budget] * len(samples)
+        budgets = [self.rollout.frame_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
         run = greedy_rollouts(
             agent,

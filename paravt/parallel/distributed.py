@@ -206,7 +206,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def iter_full_state_dict(
-    module: torch.nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device = "cpu"
+    module: torch.nn.Module,
+    bucket_bytes: int = 256 << 20,
+    device: str | torch.device | None = "cpu",
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
 
@@ -214,14 +216,15 @@ def iter_full_state_dict(
     (or at the end); the consumer loads it into its engine and drops it before the next bucket is
     gathered, so at most one bucket of full weights exists besides the shards. Every rank
     receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
-    bucket of its own.
+    bucket of its own. `device` None leaves each full tensor where it was gathered.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in module.state_dict().items():
-        full = _full(tensor.detach()).to(device)
+        full = _full(tensor.detach())
+        full = full if device is None else full.to(device)
         bucket.append((name, full))
         size += full.numel() * full.element_size()
         if size >= bucket_bytes:

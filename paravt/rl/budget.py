@@ -1,4 +1,4 @@
-"""Frame-budget randomisation ("nFrames gating", docs/method.md §4 (ii)) and its gate statistic.
+"""Frame-budget gating (docs/method.md §4 (ii)): each prompt's frame budget K, and the gate.
 
 `FrameBudgetSampler` draws each prompt's overview budget K deterministically from the prompt's
 identity, the epoch and a seed, so that all G rollouts of a group (and every re-run, process or

@@ -110,7 +110,7 @@ def rollout_metrics(
     f_tau_anchor the mean anchor bonus before its weight (0.4 closed think + 0.3 think -> answer
     - 0.3 unclosed think), whether or not this arm pays it. tag_reversion: the share of tool
     turns written in `<tool_code>`; rollout/reversions: such turns per rollout.
-    Per-budget gate ratios are the `FrameBudgetRandomization` callback's (pooled over steps).
+    Per-budget gate ratios are the `FrameBudgetGating` callback's (pooled over steps).
     """
     n = max(len(trajs), 1)
     total = torch.tensor([r.total for r in rewards], dtype=torch.float64)

@@ -12,6 +12,9 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
   weights), and never from a meta-device skeleton (it would hold no weights).
 - `vllm`: `VLLMEngine`, an in-process `vllm.LLM` loaded from `model_path` (or from a temporary
   export of the given model when there is no path), kept current by `sync_weights`.
+
+When an engine is synced is `paravt.rollout.weight_sync.WeightSync`'s business, and how its
+weights are gathered `iter_weights`'s.
 """
 
 from __future__ import annotations
@@ -57,16 +60,13 @@ def engine_copy(model, cfg: EngineConfig):
     """An unsharded, frozen copy of `model` with its current weights at the engine's dtype
     (`engine_dtype`): a deep copy when nothing changes, otherwise a fresh module of the same
     config (rotary tables as transformers builds them) filled bucket by bucket from the full
-    weights, gathered from the shards of an FSDP2 model and merged for a LoRA one."""
+    weights (`paravt.rollout.weight_sync.iter_weights`: gathered from the shards of an FSDP2
+    model, merged for a LoRA one)."""
     import torch
 
-    from paravt.models.lora import is_lora, iter_merged_state_dict
-    from paravt.parallel.distributed import (
-        is_sharded,
-        iter_full_state_dict,
-        load_buckets,
-        on_meta,
-    )
+    from paravt.models.lora import is_lora
+    from paravt.parallel.distributed import is_sharded, load_buckets, on_meta
+    from paravt.rollout.weight_sync import iter_weights
 
     if on_meta(model):
         raise RuntimeError(
@@ -80,8 +80,7 @@ def engine_copy(model, cfg: EngineConfig):
     # LoRA: the adapters are injected in place, so the class is the base model's.
     with torch.device(first.device):
         clone = type(model)._from_config(model.config, dtype=dtype)
-    gather = iter_merged_state_dict if is_lora(model) else iter_full_state_dict
-    load_buckets(clone, gather(model, cfg.sync_bucket_mb << 20, first.device))
+    load_buckets(clone, iter_weights(model, cfg.sync_bucket_mb << 20, first.device))
     return clone.requires_grad_(False).eval()
 
 

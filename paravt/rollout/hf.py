@@ -22,14 +22,10 @@ from contextlib import contextmanager
 import torch
 
 from paravt.models.qwen_vl import mm_token_type_ids, vision_placeholder_ids, visual_kwargs
-from paravt.parallel.distributed import (
-    generate_sync_kwargs,
-    is_sharded,
-    iter_full_state_dict,
-    load_buckets,
-)
+from paravt.parallel.distributed import generate_sync_kwargs, load_buckets
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
 from paravt.rollout.sampled_logprobs import SampledLogprobs
+from paravt.rollout.weight_sync import iter_weights
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,17 +88,12 @@ class TransformersEngine:
 
     def sync_weights(self, policy, version: int) -> None:
         # Same process, same module: the weights are already shared; only the version moves.
-        # A copy: from an FSDP2-sharded policy, gathered bucket by bucket (every rank calls this).
-        # LoRA: base + adapters merged, under the base model's names (gathered when sharded).
-        from paravt.models.lora import is_lora, iter_merged_state_dict
-
+        # A copy: `iter_weights` gathers an FSDP2-sharded policy bucket by bucket (every rank
+        # calls this) and merges a LoRA one under the base model's names.
         self._check_materialised("receive weights")
-        if policy is not self.model and (is_lora(policy) or is_sharded(policy)):
+        if policy is not self.model:
             device = next(self.model.parameters()).device
-            gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
-            load_buckets(self.model, gather(policy, self.sync_bucket_bytes, device))
-        elif policy is not self.model:
-            self.model.load_state_dict(policy.state_dict())
+            load_buckets(self.model, iter_weights(policy, self.sync_bucket_bytes, device))
         self._version = version
 
     @torch.no_grad()

@@ -7,9 +7,10 @@ from seeing half an update. The object pickles into a `torch.multiprocessing` sp
 tensors travel as shared-memory handles, not copies).
 
 An FSDP2-sharded trainer: the full tensors are gathered from the shards bucket by bucket
-(`paravt.parallel.distributed.iter_full_state_dict`, a collective: every rank calls `create` /
-`publish`, or `gather_only` on the ranks that hold no `SharedWeights`) and rank 0, which owns
-the generator, copies them in.
+(`paravt.rollout.weight_sync.host_weights`, a collective: every rank calls `create` / `publish`,
+or `gather_only` on the ranks that hold no `SharedWeights`) and rank 0, which owns the
+generator, copies them in. When they are published and loaded: `WeightSync.publish` and
+`WeightSync.into_generator`.
 
 Where the copy lives, and what it costs: host shared memory only (`/dev/shm` on Linux; a
 container needs it large enough, e.g. `docker run --shm-size`). Its floating-point tensors are
@@ -22,31 +23,9 @@ generator; nothing travels as CUDA IPC handles (not implemented).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
-from paravt.parallel.distributed import is_sharded, iter_full_state_dict
-
-
-def full_state(model, bucket_bytes: int = 256 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of `model`'s state dict: its own tensors when unsharded; gathered
-    from the shards `bucket_bytes` at a time when FSDP2-sharded (a collective)."""
-    if not is_sharded(model):
-        yield from ((k, v.detach()) for k, v in model.state_dict().items())
-        return
-    for bucket in iter_full_state_dict(model, bucket_bytes):
-        yield from bucket
-
-
-def gather_only(model, bucket_bytes: int = 256 << 20) -> None:
-    """A rank without the shared copy joins the collective gather of `create` / `publish`."""
-    for _ in full_state(model, bucket_bytes):
-        pass
-
-
-def _at(t: torch.Tensor, dtype) -> torch.Tensor:
-    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+from paravt.rollout.weight_sync import host_weights
 
 
 class SharedWeights:
@@ -62,8 +41,8 @@ class SharedWeights:
         """`model`'s full state in host shared memory, floating-point tensors at `dtype` (None:
         as they are)."""
         tensors = {
-            k: _at(v, dtype).to("cpu", copy=True).share_memory_()
-            for k, v in full_state(model, bucket_bytes)
+            k: v.to("cpu", copy=True).share_memory_()
+            for k, v in host_weights(model, bucket_bytes, dtype)
         }
         trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
         return cls(tensors, trainable, ctx.Value("q", version), ctx.Lock())
@@ -77,7 +56,7 @@ class SharedWeights:
         """Copy `model`'s trainable parameters in and mark them `version`."""
         trainable = set(self.trainable)
         with self._lock:
-            for name, tensor in full_state(model, bucket_bytes):
+            for name, tensor in host_weights(model, bucket_bytes):
                 if name in trainable:
                     self.tensors[name].copy_(tensor)
             self._value.value = version

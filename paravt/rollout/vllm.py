@@ -379,15 +379,13 @@ class VLLMEngine:
         from the shards of an FSDP2 policy: every rank calls this, each for its own engine)."""
         import torch
 
-        from paravt.models.lora import is_lora, iter_merged_state_dict
-        from paravt.parallel.distributed import iter_full_state_dict
+        from paravt.rollout.weight_sync import iter_weights
 
         dtype = getattr(torch, self.cfg.dtype)
         device = next(policy.parameters()).device if _on_gpu() else "cpu"
         # LoRA: vLLM loads the base model's names, base + adapter merged (gathered if sharded)
-        gather = iter_merged_state_dict if is_lora(policy) else iter_full_state_dict
-        for bucket in gather(policy, self.cfg.sync_bucket_mb * 2**20, device):
-            yield from ((name, t.to(dtype)) for name, t in bucket)
+        for bucket in iter_weights(policy, self.cfg.sync_bucket_mb << 20, device, dtype):
+            yield from bucket
 
     def _reset_caches(self) -> None:
         """Prefix (KV) blocks, processed multimodal inputs and encoder outputs of old weights."""

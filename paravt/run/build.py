@@ -148,5 +148,7 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
             ),  # it syncs the engine with the new weights before measuring anything
         )
     if result.cached:  # an engine with its own weights (vLLM, a stale-allowed copy) needs them
-        dm.engine.sync_weights(run.module.policy, run.module.policy_version)
+        from paravt.rollout.weight_sync import WeightSync
+
+        WeightSync.changed(dm.engine, run.module.policy, run.module.policy_version)
     return replace(run, cold_start=result)

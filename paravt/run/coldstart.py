@@ -29,6 +29,7 @@ from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.weight_sync import WeightSync
 from paravt.run.report import BudgetResult, budget_eval
 from paravt.types import Sample, Trajectory
 
@@ -279,7 +280,7 @@ def cold_start(
     seconds = time.perf_counter() - t0
     # The weights changed under the same policy version: an engine with weights of its own
     # (vLLM, a stale-allowed copy) must get them before anything is measured with it.
-    agent.engine.sync_weights(module.policy, module.policy_version)
+    WeightSync.changed(agent.engine, module.policy, module.policy_version)
     module.reset_reference()
     result = ColdStartResult(tuple(report.losses), notes, report, seconds)
     if cfg.report_budgets and held_out:

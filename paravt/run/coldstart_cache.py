@@ -47,7 +47,7 @@ def cache_key(cfg) -> str:
         "model": plain("model"),
         "agent": plain("rollout.agent"),
         "crop": plain("rollout.crop"),
-        "default_budget": plain("rollout.default_budget"),
+        "frame_budget": plain("rollout.frame_budget"),
         "engine": plain("rollout.engine"),
         "data": {k: v for k, v in plain("data").items() if k != "max_steps"},  # RL's length
         "files": [_file_id(plain("data.train_path")), _file_id(plain("data.eval_path"))],

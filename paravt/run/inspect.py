@@ -26,10 +26,11 @@ from paravt.rewards.accuracy import extract_answer
 from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory, Turn
 
 PROG = "paravt rollout"
-# conf/rollout/default.yaml's `default_budget` and `temperature` (RolloutConfig's defaults; its
+# conf/rollout/default.yaml's `frame_budget` and `temperature` (RolloutConfig's defaults; its
 # module imports Lightning, which this command does not need).
-DEFAULT_BUDGET = 64
+FRAME_BUDGET = 64
 TEMPERATURE = 0.7
+RENAMED_FLAG = "--budget"  # the frame budget's old flag name: named, not guessed by argparse
 # Characters of a decoded run shown by --show-tokens before the middle is cut out.
 _RUN_CHARS = 240
 # A special token repeated back to back (the hundreds of <|video_pad|> of a clip) shows once.
@@ -201,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     # The agent protocol's defaults are training's (conf/rollout/default.yaml = the dataclasses).
     agent, crop = AgentConfig(), CropConfig()
     p.add_argument(
-        "--budget", type=int, default=DEFAULT_BUDGET, help="overview frames K (default %(default)s)"
+        "--frame-budget",
+        type=int,
+        default=FRAME_BUDGET,
+        help="overview frames K (default %(default)s)",
     )
     p.add_argument(
         "--rounds", type=int, default=agent.max_rounds, help="max tool rounds (default %(default)s)"
@@ -228,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("num", "group", "budget", "max_new_tokens", "max_calls_per_turn"):
+    for name in ("num", "group", "frame_budget", "max_new_tokens", "max_calls_per_turn"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
             raise _UsageError(f"{flag} must be >= 1 (got {getattr(args, name)})")
@@ -295,7 +299,7 @@ def _run(args: argparse.Namespace) -> list[str]:
     engine = build_engine(args.engine, model, processor, model_path=args.model)
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg, crop)
     try:
-        trajs = loop.run(samples, [args.budget] * len(samples), args.group, params)
+        trajs = loop.run(samples, [args.frame_budget] * len(samples), args.group, params)
     except VideoError as err:
         raise _UsageError(str(err)) from err
     by_id = {s.id: s for s in samples}
@@ -310,7 +314,11 @@ def _run(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`paravt rollout --model DIR --data FILE [--num 2 --group 2 --budget 8 ...]`."""
+    """`paravt rollout --model DIR --data FILE [--num 2 --group 2 --frame-budget 8 ...]`."""
+    argv = sys.argv[1:] if argv is None else argv
+    if RENAMED_FLAG in argv:
+        print(f"{PROG}: {RENAMED_FLAG} is now --frame-budget", file=sys.stderr)
+        return 2
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse has already printed its usage message

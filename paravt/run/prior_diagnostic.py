@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from paravt.agent.greedy import sync_engine
 from paravt.rl.advantages import shape_rewards
 from paravt.rl.metrics import closed_answer
 from paravt.rl.objective import AdvantageConfig
 from paravt.rollout.engine import SamplingParams
+from paravt.rollout.weight_sync import WeightSync
 from paravt.types import RewardBreakdown, Sample, Trajectory
 
 SPLITS = ("tool", "no tool")
@@ -106,7 +106,7 @@ def run_diagnostic(
     `temperature` with `agent` (the RL agent), scored with `module.score`."""
     chosen = list(samples)[:prompts]
     by_id = {s.id: s for s in chosen}
-    sync_engine(agent.engine, module.policy, module.policy_version)
+    WeightSync.to_version(agent.engine, module.policy, module.policy_version)
     params = SamplingParams(agent.cfg.max_new_tokens, temperature, seed=seed)
     was_training = module.policy.training
     module.policy.eval()

@@ -46,7 +46,7 @@ def metric_line(cfg: DictConfig, value: float | None, run: Run) -> str:
     line = f"optimized_metric {name} = {value}"
     for cb in run.trainer.callbacks:
         if getattr(cb, "history", None) and name and name.startswith(f"val/{cb.name}/"):
-            k = run.datamodule.rollout.default_budget
+            k = run.datamodule.rollout.frame_budget
             line += f" (held-out '{cb.name}' at K={k}, the step table's last row)"
     return line
 
@@ -129,10 +129,10 @@ def summary(
     for cb in run.trainer.callbacks:
         history = getattr(cb, "history", None)
         if history:
-            k = run.datamodule.rollout.default_budget  # DataModule.evaluate's frame budget
+            k = run.datamodule.rollout.frame_budget  # DataModule.evaluate's frame budget
             lines.append(
                 f"held-out '{cb.name}' during training ({len(cb.samples or ())} samples, greedy, "
-                f"K={k} overview frames: rollout.default_budget):"
+                f"K={k} overview frames: rollout.frame_budget):"
             )
             lines.append("  step  accuracy  f_tau  kappa")
             for step, m in history:

@@ -23,7 +23,8 @@ from paravt.types import (
 )
 
 # The overfitted checkpoint was trained with 4 overview frames and 2 tool rounds.
-FAST = ["--num", "2", "--group", "2", "--budget", "4", "--rounds", "2", "--max-new-tokens", "160"]
+FAST = ["--num", "2", "--group", "2", "--frame-budget", "4", "--rounds", "2"]
+FAST += ["--max-new-tokens", "160"]
 WINDOW_RESULT = re.compile(r"\] crop_video \d+\.\ds-\d+\.\ds: \d+ frames at \d+\.\ds")
 
 
@@ -241,6 +242,11 @@ def _error(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
+def test_the_former_budget_flag_is_named_with_its_new_name(tmp_path, capsys):
+    line = _error(capsys, ["--model", str(tmp_path), "--data", "d.jsonl", "--budget", "4"])
+    assert line == "paravt rollout: --budget is now --frame-budget"
+
+
 def test_missing_model_dir(tmp_path, needle_dir, capsys):
     missing = tmp_path / "no_model"
     line = _error(capsys, ["--model", str(missing), "--data", str(needle_dir / "train.jsonl")])
@@ -285,7 +291,11 @@ def test_unknown_data_extension(tmp_path, tiny_qwen3_dir, capsys):
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--group", "0"], "--group must be >= 1"), (["--temperature", "0"], "temperature")],
+    [
+        (["--group", "0"], "--group must be >= 1"),
+        (["--frame-budget", "0"], "--frame-budget must be >= 1"),
+        (["--temperature", "0"], "temperature"),
+    ],
 )
 def test_bad_numbers(flags, message, tiny_qwen3_dir, needle_dir, capsys):
     argv = ["--model", str(tiny_qwen3_dir), "--data", str(needle_dir / "train.jsonl"), *flags]

@@ -1,4 +1,4 @@
-"""FrameBudgetRandomization in a real Trainer, and its gate metrics computed by hand."""
+"""FrameBudgetGating in a real Trainer, and its gate metrics computed by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from paravt.callbacks.frame_budget import (
+    FrameBudgetGating,
     FrameBudgetRandomization,
     GateRecord,
     budget_metrics,
@@ -70,7 +71,7 @@ def test_merge_pools_groups_across_steps():
 
 def test_installs_the_sampler_in_the_datamodule(tmp_path, toy):
     # One budget: every prompt must get 8, never the DataModule's own default of 64.
-    _, module, _ = toy.fit(tmp_path, [FrameBudgetRandomization(budgets=[8])])
+    _, module, _ = toy.fit(tmp_path, [FrameBudgetGating(frame_budgets=[8])])
     assert [s["budgets"] for s in module.seen] == [[8, 8], [8, 8], [8, 8]]
 
 
@@ -129,7 +130,7 @@ def _logged(toy, log_dir):
 def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flushes):
     budgets, seed = (4, 16, 64), 3
     module = toy.Module(scenario=_budget_scenario(toy))
-    callback = FrameBudgetRandomization(budgets, seed=seed)
+    callback = FrameBudgetGating(budgets, seed=seed)
     trainer, module, log_dir = toy.fit(
         tmp_path, [callback], module=module, log_every_n_steps=log_every
     )
@@ -151,12 +152,12 @@ def test_logs_gate_ratio_per_budget_to_tensorboard(tmp_path, toy, log_every, flu
 
 def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
     module = toy.Module(scenario=lambda step, ids, budgets: None)
-    _, _, log_dir = toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+    _, _, log_dir = toy.fit(tmp_path, [FrameBudgetGating()], module=module)
     assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "budget" in t]
 
 
 def test_plain_dataloaders_use_the_sampler_hook(tmp_path, toy):
-    callback = FrameBudgetRandomization(budgets=[4, 8], seed=3)
+    callback = FrameBudgetGating(frame_budgets=[4, 8], seed=3)
     trainer = pl.Trainer(
         max_steps=2,
         logger=False,
@@ -196,7 +197,7 @@ def test_needs_the_budget_sink_protocol(tmp_path, toy):
         set_budget_sampler = None  # not callable: no BudgetSink
 
     with pytest.raises(TypeError, match=r"NoSink does not implement .*BudgetSink"):
-        toy.fit(tmp_path, [FrameBudgetRandomization()], datamodule=NoSink())
+        toy.fit(tmp_path, [FrameBudgetGating()], datamodule=NoSink())
 
 
 def test_without_last_rollout_the_gate_is_skipped_with_a_warning(tmp_path, toy):
@@ -205,7 +206,7 @@ def test_without_last_rollout_the_gate_is_skipped_with_a_warning(tmp_path, toy):
     del module.last_rollout
     module.training_step = _without_record(module)
     with pytest.warns(UserWarning, match="ToyModule has no `last_rollout`"):
-        _, _, log_dir = toy.fit(tmp_path, [FrameBudgetRandomization()], module=module)
+        _, _, log_dir = toy.fit(tmp_path, [FrameBudgetGating()], module=module)
     assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "gate" in t]
 
 
@@ -220,6 +221,13 @@ def _without_record(module):
 
 def test_bad_budgets_fail_at_construction():
     with pytest.raises(ValueError, match="positive int"):
-        FrameBudgetRandomization(budgets=(4, 0))
+        FrameBudgetGating(frame_budgets=(4, 0))
     with pytest.raises(ValueError, match="weights has 1 entries but there are 2 budgets"):
-        FrameBudgetRandomization(budgets=(4, 8), weights=(1.0,))
+        FrameBudgetGating(frame_budgets=(4, 8), weights=(1.0,))
+
+
+def test_the_former_name_still_builds_the_gating_with_its_budgets():
+    old = FrameBudgetRandomization(budgets=[2, 16], weights=[3.0, 1.0], seed=5)
+    new = FrameBudgetGating(frame_budgets=[2, 16], weights=[3.0, 1.0], seed=5)
+    assert isinstance(old, FrameBudgetGating) and old.sampler == new.sampler
+    assert old.sampler.budgets == (2, 16)

@@ -15,7 +15,7 @@ from paravt.eval.results import METRICS, PREDICTIONS, check_run_identity
 from paravt.video.writer import write_video
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["device=cpu", "protocol.num_frames=4", "rollout.agent.max_new_tokens=4", "mode=parallel"]
+FAST = ["device=cpu", "protocol.frame_budget=4", "rollout.agent.max_new_tokens=4", "mode=parallel"]
 
 
 def _cfg(overrides):

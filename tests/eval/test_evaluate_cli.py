@@ -65,7 +65,7 @@ def test_evaluate_runs_the_needle_split_with_a_tool_calling_checkpoint(
         f"out_dir={out_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
         "device=cpu",
-        "protocol.num_frames=4",  # the budget the checkpoint was trained with
+        "protocol.frame_budget=4",  # the budget the checkpoint was trained with
         "rollout.agent.max_rounds=2",
         "rollout.agent.max_new_tokens=160",
         "protocol.batch_size=2",
@@ -115,7 +115,7 @@ def test_evaluate_runs_on_the_real_qwen_vocabulary(tiny_qwen3_real_vocab_dir, ne
         f"out_dir={out_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
         "device=cpu",
-        "protocol.num_frames=4",
+        "protocol.frame_budget=4",
         "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=24",
         "protocol.batch_size=2",

@@ -178,7 +178,7 @@ def _evaluate(model_dir: Path, data: Path, out_dir: Path, *extra: str):
     overrides = [
         "benchmark=needle", f"model.path={model_dir}", "model.build_tiny=null",
         f"benchmark.annotations={data}", f"out_dir={out_dir}", f"hydra.run.dir={out_dir}_hydra",
-        "device=cpu", "protocol.num_frames=4", "rollout.agent.max_rounds=1",
+        "device=cpu", "protocol.frame_budget=4", "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=12", "protocol.batch_size=4", *extra,
     ]  # fmt: skip
     return subprocess.run(

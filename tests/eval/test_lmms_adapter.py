@@ -19,7 +19,7 @@ from paravt.eval.runner import PREDICTIONS, make_benchmark
 from paravt.lmms.runner import AgentRunner, Question, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = {"num_frames": 4, "max_new_tokens": 160, "batch_size": 2}
+ARGS = {"frame_budget": 4, "max_new_tokens": 160, "batch_size": 2}
 LIMIT = 2  # rows: the first two of the needle split, in both paths
 LMMS_REF = Path(os.environ.get("PARAVT_LMMS_EVAL_REF", ROOT / ".lmms-eval-ref"))
 
@@ -62,7 +62,7 @@ def by_evaluate(caller_dir, needle_dir, tmp_path_factory) -> dict[str, dict]:
         "benchmark=needle", f"model.path={caller_dir}", "model.build_tiny=null",
         f"benchmark.annotations={needle_dir / 'eval.jsonl'}", f"out_dir={out / 'eval'}",
         f"hydra.run.dir={out / 'hydra'}", "device=cpu", "mode=parallel",
-        "protocol.num_frames=4", "rollout.agent.max_new_tokens=160", "protocol.batch_size=2",
+        "protocol.frame_budget=4", "rollout.agent.max_new_tokens=160", "protocol.batch_size=2",
         f"limit={LIMIT}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

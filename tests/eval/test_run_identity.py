@@ -20,7 +20,7 @@ from paravt.eval.results import METRICS, PREDICTIONS, RUN_CONFIG, check_run_iden
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["limit=2", "device=cpu", "protocol.num_frames=4", "rollout.agent.max_new_tokens=4"]
+FAST = ["limit=2", "device=cpu", "protocol.frame_budget=4", "rollout.agent.max_new_tokens=4"]
 
 
 def _cfg(overrides):
@@ -155,7 +155,7 @@ CHILD = textwrap.dedent(
         runner.append_predictions = append
     model, processor = load_policy(PolicySpec(path=model_dir))
     cfg = EvalConfig(agent=AgentConfig(max_new_tokens=6, max_total_tokens=65536, max_rounds=0),
-                     num_frames=4, batch_size=1)
+                     frame_budget=4, batch_size=1)
     bench = NeedleBenchmark()
     items = bench.load(annotations, "", limit=5)
     loop = build_agent_loop(TransformersEngine(model.eval(), processor.tokenizer),
@@ -217,15 +217,15 @@ def test_row_labels_name_what_differs_between_the_jobs():
 
     common = {"benchmark": "needle", "model.path": "m"}
     jobs = [
-        (mode, {**common, "mode": mode, "protocol.num_frames": k})
+        (mode, {**common, "mode": mode, "protocol.frame_budget": k})
         for mode in ("parallel", "tools_denied")
         for k in ("2", "4")
     ]
     assert job_labels(jobs) == [
-        "parallel protocol.num_frames=2",
-        "parallel protocol.num_frames=4",
-        "tools_denied protocol.num_frames=2",
-        "tools_denied protocol.num_frames=4",
+        "parallel protocol.frame_budget=2",
+        "parallel protocol.frame_budget=4",
+        "tools_denied protocol.frame_budget=2",
+        "tools_denied protocol.frame_budget=4",
     ]
     # Only the mode varies: the labels are the modes; two models: the model path is named.
     assert job_labels([("parallel", common), ("no_tool", common)]) == ["parallel", "no_tool"]

@@ -33,7 +33,7 @@ from paravt.video.reader import VideoReader
 
 FAST = EvalConfig(
     agent=AgentConfig(max_new_tokens=4, max_total_tokens=65536, max_rounds=0),
-    num_frames=4,
+    frame_budget=4,
     batch_size=2,
 )
 
@@ -203,8 +203,8 @@ def test_refuses_to_resume_under_another_protocol(needle4, make_loop, tmp_path):
     bench = NeedleBenchmark()
     loop, _ = make_loop()
     run_benchmark(bench, [], loop, str(tmp_path), FAST)
-    with pytest.raises(ValueError, match="num_frames"):
-        run_benchmark(bench, [], loop, str(tmp_path), replace(FAST, num_frames=8))
+    with pytest.raises(ValueError, match="frame_budget"):
+        run_benchmark(bench, [], loop, str(tmp_path), replace(FAST, frame_budget=8))
 
 
 def test_needle_scores_letters_and_intervals(needle4):

@@ -40,7 +40,7 @@ def _demo_record(tmp_path) -> dict:
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "callbacks": {
             k: OmegaConf.to_container(cfg.callbacks[k], resolve=True)
-            for k in ("frame_budget", "benchmark_validation")
+            for k in ("frame_budget_gating", "benchmark_validation")
         },
     }
     return protocol_of_training(plain)
@@ -51,7 +51,7 @@ def test_the_demo_record_names_its_prompt_crops_budgets_and_eval_split(tmp_path)
     s = record["settings"]
     assert s["rollout.agent.system"] == "compact" and s["rollout.agent.max_rounds"] == 2
     assert s["rollout.crop.max_frames"] == 8 and s["rollout.crop.sample_fps"] == 0.5
-    assert s["protocol.num_frames"] == 4 and record["frame_budgets"] == [2, 4]
+    assert s["protocol.frame_budget"] == 4 and record["frame_budgets"] == [2, 4]
     assert record["needle_annotations"] == "artifacts/needle_demo/eval.jsonl"
     write_protocol(tmp_path, record)
     assert read_protocol(str(tmp_path)) == json.loads(json.dumps(record))
@@ -78,6 +78,13 @@ def test_a_torn_protocol_file_is_one_clear_error(tmp_path):
         read_protocol(str(tmp_path))
 
 
+def test_a_record_written_before_the_frame_budget_rename_still_applies(tmp_path):
+    settings = {"protocol.num_frames": 4, "rollout.agent.max_rounds": 2}
+    (tmp_path / FILE_NAME).write_text(json.dumps({"settings": settings}))
+    applied, _ = trained_settings(read_protocol(str(tmp_path)), "parallel", "videomme", set())
+    assert applied == {"protocol.frame_budget": 4, "rollout.agent.max_rounds": 2}
+
+
 def _run(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / script), *args]
@@ -99,7 +106,7 @@ def test_evaluate_on_an_exported_policy_uses_the_protocol_it_trained_with(
         "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=8",
         "rollout.crop.max_frames=6",
-        "callbacks.frame_budget.budgets=[2,4]",
+        "callbacks.frame_budget_gating.frame_budgets=[2,4]",
         "callbacks.benchmark_validation.limit=1",
         "callbacks.benchmark_validation.every_n_steps=2",
     )
@@ -113,6 +120,6 @@ def test_evaluate_on_an_exported_policy_uses_the_protocol_it_trained_with(
     (config,) = glob.glob(str(tmp_path / "runs/eval/needle/parallel/*/run_config.json"))
     used = json.loads(Path(config).read_text())
     protocol = used["protocol"]
-    assert protocol["num_frames"] == 4 and protocol["crop"]["max_frames"] == 6
+    assert protocol["frame_budget"] == 4 and protocol["crop"]["max_frames"] == 6
     assert protocol["agent"]["max_rounds"] == 1 and protocol["agent"]["system"] == "compact"
     assert used["annotations"] == str(needle_dir / "eval.jsonl")  # the split it validated on

@@ -30,11 +30,11 @@ SCALE = [
     "data.batch_size=1",
     "data.shuffle=false",
     "rollout.group_size=2",
-    "rollout.default_budget=4",
+    "rollout.frame_budget=4",
     "rollout.agent.max_rounds=1",
     "rollout.agent.max_new_tokens=8",
     "rollout.agent.max_total_tokens=4096",
-    "callbacks.frame_budget.budgets=[4]",
+    "callbacks.frame_budget_gating.frame_budgets=[4]",
     "callbacks.benchmark_validation=null",
     "callbacks.rollout_logger.every_n_steps=1",
     "export_hf=false",
@@ -139,7 +139,7 @@ def test_a_mixed_batch_keeps_the_good_prompts_group_major(tiny_qwen3_dir, rows_w
         policy_version, model_path = 0, str(tiny_qwen3_dir)
 
     agent = AgentConfig(max_rounds=1, max_new_tokens=4, max_total_tokens=4096)
-    rollout = RolloutConfig(group_size=2, default_budget=4, agent=agent)
+    rollout = RolloutConfig(group_size=2, frame_budget=4, agent=agent)
     dm = RolloutDataModule(
         str(rows_with_a_bad_video), batch_size=2, max_steps=1, shuffle=False, rollout=rollout
     )

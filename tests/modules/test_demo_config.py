@@ -34,7 +34,7 @@ def test_the_default_run_is_the_demo_with_an_imperfect_teacher(demo_cfg):
     share = {k: mix["search"] / sum(mix.values()) for k, mix in cs.teacher_mix.items()}
     assert share[low] > 0.5 > share[high] > 0
     assert 0 < cs.oracle_steps < cs.steps
-    assert list(demo_cfg.callbacks.frame_budget.budgets) == list(cs.budgets)
+    assert list(demo_cfg.callbacks.frame_budget_gating.frame_budgets) == list(cs.budgets)
     assert demo_cfg.callbacks.benchmark_validation.limit >= 48
     assert demo_cfg.data.generate.num_eval >= demo_cfg.callbacks.benchmark_validation.limit
 

@@ -28,14 +28,14 @@ CPU_SCALE = [
     "trainer.enable_progress_bar=false",
     "data.batch_size=1",
     "rollout.group_size=2",
-    "rollout.default_budget=4",
+    "rollout.frame_budget=4",
     "rollout.agent.max_rounds=1",
     "rollout.agent.max_new_tokens=12",
     "rollout.agent.max_total_tokens=4096",
     "rollout.agent.subagent_max_tokens=8",
     "algorithm.micro_batch_tokens=4096",
     "optimizer.lr=1e-2",
-    "callbacks.frame_budget.budgets=[4,8]",
+    "callbacks.frame_budget_gating.frame_budgets=[4,8]",
     "callbacks.rollout_logger.every_n_steps=1",
     "callbacks.benchmark_validation.every_n_steps=2",
     "callbacks.benchmark_validation.limit=1",
@@ -100,7 +100,7 @@ def test_paper_recipe_values_reach_the_objects(tmp_path):
     seq = instantiate(compose_cfg(["experiment=paragrpo", "ablation=sequential"]).rollout)
     assert seq.crop.max_calls_per_turn == 1 and seq.agent.max_rounds == 3
     grpo = compose_cfg(["experiment=paragrpo", "ablation=grpo", f"run_dir={tmp_path}"])
-    assert grpo.callbacks.frame_budget is None and grpo.algorithm.anchor_coef == 0.0
+    assert grpo.callbacks.frame_budget_gating is None and grpo.algorithm.anchor_coef == 0.0
     assert grpo.run_name == "paragrpo_grpo" and grpo.data.batch_size == 7  # the paper's scale
 
 
@@ -116,7 +116,7 @@ def test_a_wrong_config_key_is_named(tmp_path):
 def test_two_step_runs_train_the_policy_not_the_vision_tower(
     name, tmp_path, tiny_qwen3_dir, needle_dir
 ):
-    scale = [o for o in CPU_SCALE if "ablation" not in name or "frame_budget" not in o]
+    scale = [o for o in CPU_SCALE if "ablation" not in name or "frame_budget_gating" not in o]
     overrides = [*f"experiment={name}".split(), *scale]
     run = build_run(compose_cfg(overrides + local_paths(tmp_path, tiny_qwen3_dir, needle_dir)))
     before = {k: v.clone() for k, v in run.module.policy.state_dict().items()}

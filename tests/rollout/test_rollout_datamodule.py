@@ -33,7 +33,7 @@ def policy(tiny_qwen3_dir):
 
 def _datamodule(needle_dir, **rollout) -> RolloutDataModule:
     agent = AgentConfig(max_rounds=1, max_new_tokens=8, max_total_tokens=4096)
-    cfg = RolloutConfig(group_size=2, default_budget=4, agent=agent, **rollout)
+    cfg = RolloutConfig(group_size=2, frame_budget=4, agent=agent, **rollout)
     dm = RolloutDataModule(str(needle_dir / "train.jsonl"), batch_size=2, max_steps=2, rollout=cfg)
     dm.setup("fit")
     return dm

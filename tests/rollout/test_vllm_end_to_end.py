@@ -35,7 +35,7 @@ def test_two_rl_steps_with_the_vllm_engine(train_py, tmp_path, tiny_run_override
         "rollout.agent.max_new_tokens=12",
         "rollout.agent.max_total_tokens=4096",
         "rollout.engine.max_model_len=4608",
-        "callbacks.frame_budget.budgets=[4,8]",
+        "callbacks.frame_budget_gating.frame_budgets=[4,8]",
         "callbacks.benchmark_validation=null",
         "export_hf=false",
     ]
@@ -76,7 +76,7 @@ def test_evaluate_with_vllm_equals_the_transformers_engine(
                 f"out_dir={out}",
                 f"hydra.run.dir={tmp_path / 'hydra' / engine}",
                 "device=cpu",
-                "protocol.num_frames=4",
+                "protocol.frame_budget=4",
                 "rollout.agent.max_rounds=2",
                 "rollout.agent.max_new_tokens=160",
                 "rollout.agent.max_total_tokens=4096",

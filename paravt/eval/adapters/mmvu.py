@@ -11,7 +11,8 @@ folder name stays visible under "subject". Pass `disciplines=` to `mmvu()` for a
 
 The open-ended part (rules, then an LLM judge) is `benchmark=mmvu_oe`
 (`paravt.eval.adapters.mmvu_open`); this module deliberately keeps the paper's multiple-choice
-number apart from it.
+number apart from it. Both parts load through `load_part` (the row filter, id, video, discipline
+and subject), each adding its own question and answer fields.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -113,57 +113,31 @@ def _options(choices: dict[str, Any], path: str, index: int) -> tuple[str, ...]:
     return tuple(kept[letter].strip() for letter in letters)
 
 
-@dataclass(frozen=True)
-class MMVUVideo:
-    """Where a row's video is and how it is grouped (shared by the MCQ and open-ended loaders)."""
-
-    path: str  # absolute when found
-    missing: bool
-    subject: str  # the Subject_Dir of its URL
-    groups: dict[str, tuple[str, ...]]  # discipline and subject
+def disciplines_of(mapping: Mapping[str, str] | None) -> dict[str, str]:
+    """A user's subject -> discipline mapping with its subjects normalised (None: `DISCIPLINES`)."""
+    if mapping is None:
+        return dict(DISCIPLINES)
+    return {normalise_subject(k): v for k, v in mapping.items()}
 
 
-def locate_video(
-    url: str, path: str, index: int, root: str, disciplines: Mapping[str, str]
-) -> MMVUVideo:
-    """The row's video under `root`/videos/{Subject_Dir}/ and its discipline/subject groups."""
-    subject_dir, file_name = video_location(url, path, index)
-    video, missing = resolve_video([os.path.join(root, "videos", subject_dir, file_name)])
-    discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
-    groups = {"discipline": (discipline,), "subject": (subject_dir,)}
-    return MMVUVideo(video, missing, subject_dir, groups)
+# A part's own Sample fields of a row: (get(name, kind), annotations path, row index) -> the
+# question, answer, question_type, options ... and `extra` beyond the subject.
+PartFields = Callable[[Callable[..., Any], str, int], dict[str, Any]]
 
 
-def _item(
-    row: dict[str, Any], index: int, path: str, root: str, disciplines: Mapping[str, str]
-) -> EvalItem:
-    def field(name: str, kind: str = "str") -> Any:
-        return get_field(row, name, kind, path, index)
-
-    where = locate_video(field("video"), path, index, root, disciplines)
-    options = _options(field("choices", "dict"), path, index)
-    sample = Sample(
-        id=str(field("id", "id")),
-        video=where.path,
-        question=mcq_prompt(field("question"), options),
-        answer=check_gold(field("answer"), options, path, index, "answer"),
-        question_type="mcq",
-        options=options,
-        data_source="mmvu",
-        extra={"subject": where.subject},
-    )
-    return EvalItem(sample=sample, groups=where.groups, video_missing=where.missing)
-
-
-def load_rows_of_type(
+def load_part(
     annotations: str,
-    question_type: str,
+    video_root: str,
     limit: int | None,
-    item: Callable[[dict[str, Any], int], EvalItem],
+    disciplines: Mapping[str, str],
+    question_type: str,
+    fields: PartFields,
 ) -> list[EvalItem]:
-    """`item(row, index)` of each row of MMVU's `data/validation.json` whose question_type is
-    `question_type`; a row without one is kept so that it is reported as a bad row, and row
-    numbers in errors stay those of the file, not of the filtered list."""
+    """The `EvalItem`s of the rows of MMVU's `data/validation.json` whose question_type is
+    `question_type` (the multiple-choice and the open-ended parts): id, video, data source,
+    subject and the discipline/subject groups are read here, the rest by `fields`. A row without
+    a question_type is kept so that it is reported as a bad row, and row numbers in errors stay
+    those of the file, not of the filtered list."""
     rows = read_rows(annotations)
     kept = [
         (i, r)
@@ -171,11 +145,32 @@ def load_rows_of_type(
         if not isinstance(r.get("question_type"), str) or r["question_type"] == question_type
     ]
 
-    def make(row: dict[str, Any], index: int) -> EvalItem:
-        get_field(row, "question_type", "str", annotations, index)
-        return item(row, index)
+    def item(row: dict[str, Any], index: int) -> EvalItem:
+        def get(name: str, kind: str = "str") -> Any:
+            return get_field(row, name, kind, annotations, index)
 
-    return build_items(take(kept, limit), make, annotations, "MMVU (data/validation.json)")
+        get("question_type")
+        subject_dir, file_name = video_location(get("video"), annotations, index)
+        video, missing = resolve_video([os.path.join(video_root, "videos", subject_dir, file_name)])
+        sample_id = str(get("id", "id"))
+        own = fields(get, annotations, index)
+        extra = {"subject": subject_dir, **own.pop("extra", {})}
+        sample = Sample(id=sample_id, video=video, data_source="mmvu", extra=extra, **own)
+        discipline = disciplines.get(normalise_subject(subject_dir), OTHER_DISCIPLINE)
+        groups = {"discipline": (discipline,), "subject": (subject_dir,)}
+        return EvalItem(sample=sample, groups=groups, video_missing=missing)
+
+    return build_items(take(kept, limit), item, annotations, "MMVU (data/validation.json)")
+
+
+def _mcq_fields(get: Callable[..., Any], path: str, index: int) -> dict[str, Any]:
+    options = _options(get("choices", "dict"), path, index)
+    return {
+        "question": mcq_prompt(get("question"), options),
+        "answer": check_gold(get("answer"), options, path, index, "answer"),
+        "question_type": "mcq",
+        "options": options,
+    }
 
 
 def load_mmvu(
@@ -184,21 +179,13 @@ def load_mmvu(
     limit: int | None = None,
     disciplines: Mapping[str, str] = DISCIPLINES,
 ) -> list[EvalItem]:
-    def item(row: dict[str, Any], index: int) -> EvalItem:
-        return _item(row, index, annotations, video_root, disciplines)
-
-    return load_rows_of_type(annotations, KEPT_QUESTION_TYPE, limit, item)
+    return load_part(annotations, video_root, limit, disciplines, KEPT_QUESTION_TYPE, _mcq_fields)
 
 
 def mmvu(disciplines: Mapping[str, str] | None = None) -> MultipleChoiceBenchmark:
-    mapping = (
-        DISCIPLINES
-        if disciplines is None
-        else {normalise_subject(k): v for k, v in disciplines.items()}
-    )
     return MultipleChoiceBenchmark(
         name="mmvu",
-        loader=partial(load_mmvu, disciplines=mapping),
+        loader=partial(load_mmvu, disciplines=disciplines_of(disciplines)),
         lmms_rule="mmvu",
         lmms_summary=lmms_accuracy,
     )

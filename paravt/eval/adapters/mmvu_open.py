@@ -24,25 +24,14 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from paravt.agent.prompts import FORCED_ANSWER
-from paravt.eval.adapters.base import (
-    EvalItem,
-    check_unique_ids,
-    get_field,
-    summarize,
-)
-from paravt.eval.adapters.mmvu import (
-    DISCIPLINES,
-    load_rows_of_type,
-    locate_video,
-    normalise_subject,
-)
+from paravt.eval.adapters.base import EvalItem, check_unique_ids, summarize
+from paravt.eval.adapters.mmvu import DISCIPLINES, disciplines_of, load_part
 from paravt.rewards.accuracy import extract_answer
-from paravt.types import Sample
 
 KEPT_QUESTION_TYPE = "open-ended"
 OPEN_INSTRUCTION = "Answer with the final answer only, as a short phrase or number."
@@ -88,23 +77,14 @@ def rule_correct(answer: str, gold: str) -> bool:
     return _same_number(a, g) or _same_words(a, g) or _same_big_o(a, g)
 
 
-def _item(
-    row: dict[str, Any], index: int, path: str, root: str, disciplines: Mapping[str, str]
-) -> EvalItem:
-    def get(name: str, kind: str = "str") -> Any:
-        return get_field(row, name, kind, path, index)
-
-    where = locate_video(get("video"), path, index, root, disciplines)
-    sample = Sample(
-        id=str(get("id", "id")),
-        video=where.path,
-        question=f"Question: {get('question').strip()}\n{OPEN_INSTRUCTION}",
-        answer=str(get("answer")).strip(),
-        question_type="oe",
-        data_source="mmvu",
-        extra={"subject": where.subject, "question": get("question").strip()},
-    )
-    return EvalItem(sample=sample, groups=where.groups, video_missing=where.missing)
+def _open_fields(get: Callable[..., Any], path: str, index: int) -> dict[str, Any]:
+    question = get("question").strip()
+    return {
+        "question": f"Question: {question}\n{OPEN_INSTRUCTION}",
+        "answer": str(get("answer")).strip(),
+        "question_type": "oe",
+        "extra": {"question": question},
+    }
 
 
 def load_mmvu_open(
@@ -113,10 +93,7 @@ def load_mmvu_open(
     limit: int | None = None,
     disciplines: Mapping[str, str] = DISCIPLINES,
 ) -> list[EvalItem]:
-    def item(row: dict[str, Any], index: int) -> EvalItem:
-        return _item(row, index, annotations, video_root, disciplines)
-
-    return load_rows_of_type(annotations, KEPT_QUESTION_TYPE, limit, item)
+    return load_part(annotations, video_root, limit, disciplines, KEPT_QUESTION_TYPE, _open_fields)
 
 
 @dataclass(frozen=True)
@@ -154,6 +131,4 @@ class MMVUOpenEnded:
 
 
 def mmvu_oe(disciplines: Mapping[str, str] | None = None) -> MMVUOpenEnded:
-    if disciplines is None:
-        return MMVUOpenEnded()
-    return MMVUOpenEnded(disciplines={normalise_subject(k): v for k, v in disciplines.items()})
+    return MMVUOpenEnded(disciplines=disciplines_of(disciplines))

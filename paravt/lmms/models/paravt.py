@@ -34,17 +34,19 @@ class ParaVT(lmms):
         self,
         pretrained: str,
         mode: str = "parallel",
-        num_frames: int = 64,
+        frame_budget: int = 64,
         max_new_tokens: int = 2048,
         batch_size: int = 8,
         device: str = "cpu",
         **kwargs,
     ) -> None:
         super().__init__()
+        if "num_frames" in kwargs:
+            raise ValueError("paravt model: model_args num_frames is now frame_budget")
         if kwargs:
             raise ValueError(f"paravt model: unknown model_args {sorted(kwargs)}")
         self.runner = AgentRunner(
-            pretrained, mode, int(num_frames), int(max_new_tokens), int(batch_size), device=device
+            pretrained, mode, int(frame_budget), int(max_new_tokens), int(batch_size), device=device
         )
 
     def generate_until(self, requests) -> list[str]:
