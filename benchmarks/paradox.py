@@ -15,6 +15,7 @@ artifacts/needle_demo) and prints `paravt paradox-report` over the runs.
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", type=int, nargs="+", default=[2, 16])
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every stage (after --)")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for seed in args.seeds:
         diagnose(seed, args)
     if args.diagnostic_only:

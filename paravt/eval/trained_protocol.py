@@ -30,6 +30,7 @@ AGENT_KEYS = (
     "max_total_tokens",
     "subagent_max_tokens",
     "overview_max_pixels",
+    "tool_dialect",  # a policy trained on <tool_call> only is evaluated reading <tool_call> only
 )
 # crop.factor is not among them: every AgentLoop takes it from the processor.
 CROP_KEYS = ("sample_fps", "min_frames", "max_frames", "max_pixels", "min_pixels")

@@ -5,12 +5,12 @@ logged; the arm is the folder's (or its `.hydra/config.yaml` name's) text before
 "Ours f_tau" is `f_tau_ruler`, every arm read with one ruler (`paravt.rl.metrics.ruler_format`);
 each arm's own R_fmt (`f_tau`, whose ceiling moves with the anchor weight) and the anchor term
 (`f_tau_anchor`) get columns of their own; tag reversion is the share of tool turns written in
-`<tool_code>`. A run logged before a figure existed shows n/a there. Per arm, every figure is
-averaged over the last `last` logged steps of each seed, then reduced to mean +- standard
-error over seeds; "after cold start" pools every run's first logged step (the
-rollouts of the cold-start policy). The figure draws f_tau and kappa over steps, one line per arm
-with a band of +- one standard error over seeds. Pure reductions (`arm_series`, `table_rows`) are
-kept apart from reading and drawing.
+`<tool_code>`; accuracy is the training rollouts' mean R_acc. A run logged before a figure
+existed shows n/a there. Per arm, every figure is averaged over the last `last` logged steps
+of each seed, then reduced to mean +- standard error over seeds; "after cold start" pools every
+run's first logged step (the rollouts of the cold-start policy). The figure draws f_tau and
+kappa over steps, one line per arm with a band of +- one standard error over seeds. Pure
+reductions (`arm_series`, `table_rows`) are kept apart from reading and drawing.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ PAPER: tuple[tuple[str, str, float, float], ...] = (
 )
 COLD_START = ("after cold start", 0.13, 2.50)
 TAGS = ("f_tau_ruler", "kappa", "tag_reversion", "f_tau", "f_tau_anchor", "drift/dropped_any")
+TAGS += ("reward/accuracy",)  # mean R_acc of the training rollouts (sampled, T of the recipe)
 FIGURE_TAGS = ("f_tau_ruler", "kappa")
 _SEED_RE = re.compile(r"_seed(\d+|\$\{seed\})$")  # saved configs keep ${seed}
 Points = Sequence[tuple[float, float]]
@@ -110,9 +111,9 @@ def format_table(rows, last: int) -> str:
     head = (
         f"| run | seeds | paper f_tau | ours f_tau, one ruler (last {last} steps) | paper kappa "
         "| ours kappa | ours tag reversion | ours own R_fmt | ours anchor term "
-        "| ours dropped closing tags |"
+        "| ours dropped closing tags | ours accuracy |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for label, n, stats, paper_f, paper_k in rows:
         pf = "" if math.isnan(paper_f) else f"{paper_f:.2f}"
         pk = "" if math.isnan(paper_k) else f"{paper_k:.2f}"

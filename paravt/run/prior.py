@@ -188,6 +188,25 @@ def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> li
     ]
 
 
+def cached_prior(module, agent: AgentLoop, samples, probe, prior: PriorConfig, key_parts: dict):
+    """The prior stage on `module.policy`, or its policy loaded from `cache_dir/prior-<key>`
+    (the key without the cold start's config, so that tuning the cold start reuses the prior);
+    returns the prior's notes."""
+    from paravt.modules.checkpoint import atomic_torch_save
+
+    key = stages_key(prior, {k: v for k, v in key_parts.items() if k != "cold_start"})
+    path = Path(prior.cache_dir) / f"prior-{key}" / "state.pt"
+    if path.exists():
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        module.policy.load_state_dict(payload["policy"])
+        log.info("tool prior loaded from %s", path)
+        return [*payload["notes"], f"tool prior: cache prior-{key} reused"]
+    losses = prior_stage(module, agent, samples, prior)
+    notes = _notes(module, stage_agent(agent, PRIOR_DIALECT), probe, prior, losses, "tool prior")
+    atomic_torch_save({"policy": module.policy.state_dict(), "notes": notes}, path)
+    return notes
+
+
 def prior_then_cold_start(
     module, agent: AgentLoop, samples, held_out, prior: PriorConfig, cold, key_parts: dict
 ) -> ColdStartResult:
@@ -211,10 +230,7 @@ def prior_then_cold_start(
     t0 = time.perf_counter()
     notes: list[str] = []
     if prior.steps:
-        prior_losses = prior_stage(module, agent, samples, prior)
-        notes += _notes(
-            module, stage_agent(agent, PRIOR_DIALECT), probe, prior, prior_losses, "tool prior"
-        )
+        notes += cached_prior(module, agent, samples, probe, prior, key_parts)
     switched = stage_agent(agent, COLD_START_DIALECT)
     result = cold_start(module, samples, cold, switched, held_out)
     notes += _notes(module, switched, probe, prior, [], "after the cold start")

@@ -3,8 +3,9 @@
 From the checkpoint every arm's RL starts from (the tool prior, then the cold start), P prompts x
 G rollouts at the sampling temperature at each frame budget K (the paradox benchmark: 32 x 4 at
 K = 2 and K = 16), split into rollouts that wrote a tool block ("tool") and the others ("no
-tool"): their share, accuracy (mean R_acc), no-answer rate (no closed `<answer>`), truncation
-rate (out of context or of new tokens), and mean reward, raw and shaped as the arms shape it.
+tool"): their share, the share of tool turns that reverted to `<tool_code>`, accuracy (mean
+R_acc), no-answer rate (no closed `<answer>`), truncation rate (out of context or of new
+tokens), and mean reward, raw and shaped as the arms shape it.
 It tells whether the prior has what RL can lose: tool use common enough to matter, and paying
 at a small K (accuracy with tools above without).
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from paravt.rl.advantages import shape_rewards
-from paravt.rl.metrics import closed_answer
+from paravt.rl.metrics import closed_answer, tag_reversion
 from paravt.rl.objective import AdvantageConfig
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.weight_sync import WeightSync
@@ -37,6 +38,7 @@ class DiagnosticRow:
     split: str
     rollouts: int
     share: float  # of the budget's rollouts
+    reverted: float  # share of the split's tool turns written in the prior's `<tool_code>`
     accuracy: float
     no_answer: float
     truncated: float
@@ -81,6 +83,7 @@ def diagnostic_rows(
                 split=split,
                 rollouts=n,
                 share=n / len(trajs) if trajs else 0.0,
+                reverted=tag_reversion([trajs[i] for i in picked]),
                 accuracy=mean([r.accuracy for r in rewards]),
                 no_answer=mean([float(not closed_answer(t.response_text)) for t in trajs]),
                 truncated=mean([float(is_truncated(t)) for t in trajs]),
@@ -120,12 +123,15 @@ def run_diagnostic(
 
 
 def diagnostic_table(rows: Sequence[DiagnosticRow]) -> str:
-    """Markdown rows `K | split | rollouts | share | accuracy | no answer | truncated | reward |
-    shaped`; a split without rollouts shows dashes."""
-    head = "| K | split | rollouts | share | accuracy | no answer | truncated | reward | shaped |"
-    lines = [head, "|" + "---|" * 9]
+    """Markdown rows `K | split | rollouts | share | reverted | accuracy | no answer | truncated |
+    reward | shaped`; a split without rollouts shows dashes."""
+    head = (
+        "| K | split | rollouts | share | reverted | accuracy | no answer | truncated | reward "
+        "| shaped |"
+    )
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
-        figures = (r.accuracy, r.no_answer, r.truncated, r.reward, r.shaped)
+        figures = (r.reverted, r.accuracy, r.no_answer, r.truncated, r.reward, r.shaped)
         cells = [f"{v:.3f}" if r.rollouts else "-" for v in figures]
         lines.append(
             f"| {r.budget} | {r.split} | {r.rollouts} | {r.share:.2f} | " + " | ".join(cells) + " |"

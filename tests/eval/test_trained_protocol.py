@@ -31,9 +31,9 @@ from paravt.eval.trained_protocol import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _demo_record(tmp_path) -> dict:
+def _demo_record(tmp_path, *overrides: str) -> dict:
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"run_dir={tmp_path}"])
+        cfg = compose("train", overrides=[f"run_dir={tmp_path}", *overrides])
     plain = {
         "name": cfg.name,
         "rollout": OmegaConf.to_container(cfg.rollout, resolve=True),
@@ -55,6 +55,21 @@ def test_the_demo_record_names_its_prompt_crops_budgets_and_eval_split(tmp_path)
     assert record["needle_annotations"] == "artifacts/needle_demo/eval.jsonl"
     write_protocol(tmp_path, record)
     assert read_protocol(str(tmp_path)) == json.loads(json.dumps(record))
+
+
+def test_the_tool_dialect_trained_with_reaches_the_evaluation(tmp_path):
+    default = _demo_record(tmp_path)["settings"]
+    assert default["rollout.agent.tool_dialect"] == "any"
+    record = _demo_record(tmp_path, "experiment=demo_prior_paragrpo")
+    applied, kept = trained_settings(record, "parallel", "needle", set())
+    assert applied["rollout.agent.tool_dialect"] == "tool_call" and kept == []
+    given = override_keys(["rollout.agent.tool_dialect=any"])
+    applied, kept = trained_settings(record, "parallel", "needle", given)
+    assert "rollout.agent.tool_dialect" not in applied
+    assert kept == ["rollout.agent.tool_dialect"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("eval", overrides=["rollout.agent.tool_dialect=tool_call"])
+    assert cfg.rollout.agent.tool_dialect == "tool_call"  # a key conf/eval.yaml has
 
 
 def test_the_mode_and_the_command_line_win_over_the_trained_protocol(tmp_path):

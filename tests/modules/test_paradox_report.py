@@ -8,7 +8,13 @@ import pytest
 
 
 def _run(
-    root, name: str, f_tau: list[float], kappa: list[float], reversion: float = 0.0, ruler=True
+    root,
+    name: str,
+    f_tau: list[float],
+    kappa: list[float],
+    reversion: float = 0.0,
+    ruler=True,
+    accuracy: float = 0.5,
 ):
     from torch.utils.tensorboard import SummaryWriter
 
@@ -24,6 +30,7 @@ def _run(
         writer.add_scalar("f_tau", min(1.0, f + 0.2), step)  # the arm's own R_fmt
         writer.add_scalar("kappa", k, step)
         writer.add_scalar("drift/dropped_any", 0.5 * reversion, step)
+        writer.add_scalar("reward/accuracy", accuracy, step)
     writer.close()
     return run
 
@@ -54,7 +61,15 @@ def test_report_table_and_figure(tmp_path, capsys):
     runs = [
         # vanilla GRPO: kappa collapses, one seed reverts tags
         _run(tmp_path, "demo_prior_grpo_seed0", [0.5, 0.6, 0.6, 0.6], [2.0, 1.0, 0.0, 0.0], 0.25),
-        _run(tmp_path, "demo_prior_grpo_seed1", [0.5, 0.7, 0.8, 0.8], [2.0, 1.0, 1.0, 0.0]),
+        _run(
+            tmp_path,
+            "demo_prior_grpo_seed1",
+            [0.5, 0.7, 0.8, 0.8],
+            [2.0, 1.0, 1.0, 0.0],
+            0,
+            True,
+            1,
+        ),
         _run(tmp_path, "demo_prior_paragrpo_seed0", [0.5, 0.9, 0.9, 0.9], [2.0] * 4, ruler=False),
     ]
     out = tmp_path / "fig.png"
@@ -68,6 +83,7 @@ def test_report_table_and_figure(tmp_path, capsys):
     assert "| 2 | 0.13 | 0.700 +- 0.100 | 0.02 | 0.250 +- 0.250 |" in grpo
     # tag reversion 0.25 and 0 over the two seeds; own R_fmt 0.8 and 1.0; anchor term 0.7
     assert "| 0.125 +- 0.125 | 0.900 +- 0.100 | 0.700 +- 0.000 |" in grpo
+    assert grpo.endswith("| 0.750 +- 0.250 |")  # accuracy 0.5 and 1.0 over the two seeds
     # a run without the ruler: its own R_fmt is shown, the ruler is not made up
     assert (
         "| 1 | 0.41 | n/a | 0.21 | 2.000 +- 0.000 | n/a | 1.000 +- 0.000 | n/a |"

@@ -137,8 +137,9 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
         host, agent, needle_samples, needle_samples[:1], prior, cold, parts
     )
     assert not first.cached
-    (entry,) = list(tmp_path.iterdir())
-    assert (entry / "state.pt").exists()
+    (prior_entry,) = tmp_path.glob("prior-*")  # the prior alone, keyed without the cold start
+    (entry,) = set(tmp_path.iterdir()) - {prior_entry}
+    assert (entry / "state.pt").exists() and (prior_entry / "state.pt").exists()
     trained = {k: v.clone() for k, v in model.state_dict().items()}
     # a rerun loads: the weights come back even after they were scrambled, no training runs
     with torch.no_grad():
@@ -150,7 +151,16 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     assert again.cached and again.losses == first.losses and host.resets == 2
     assert f"cache {entry.name} reused" in again.notes[-1]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in trained.items())
-    # another prior strength is another entry
+    # another cold start is another entry on the same cached prior
+    longer = ColdStartConfig(steps=2, batch_size=2, budgets=(4,), eval_limit=1)
+    tuned = prior_then_cold_start(
+        host, agent, needle_samples, needle_samples[:1], prior, longer,
+        {**parts, "cold_start": {"steps": 2}},
+    )  # fmt: skip
+    assert not tuned.cached and len(tuned.losses) == 2
+    assert f"tool prior: cache {prior_entry.name} reused" in tuned.notes
+    assert len(list(tmp_path.iterdir())) == 3
+    # another prior strength is another entry (no prior stage: no prior entry)
     other = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
     prior_then_cold_start(host, agent, needle_samples, needle_samples[:1], other, cold, parts)
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len(list(tmp_path.iterdir())) == 4

@@ -12,6 +12,7 @@ from paravt.types import ParsedCall, ToolCall, Trajectory, Turn
 
 SHAPING = AdvantageConfig(shaping=True)  # clip((R - 0.2) x 10, +-20)
 CALL = (ParsedCall(0, "<tool_call>", call=ToolCall("crop_video", {})),)
+REVERTED = "<tool_code>\ncrop_video(start_time=0, end_time=16)\n</tool_code>"
 
 
 def traj(text: str, calls: int = 0, truncated: bool = False, reason: str = "stop") -> Trajectory:
@@ -25,7 +26,7 @@ def traj(text: str, calls: int = 0, truncated: bool = False, reason: str = "stop
 def test_rows_split_tool_and_no_tool_rollouts_by_hand():
     trajs = [
         traj("<answer>B</answer>", calls=2),  # tool, right
-        traj("<answer>C</answer>", calls=1, truncated=True),  # tool, wrong, cut by the context
+        traj(REVERTED, calls=1, truncated=True),  # tool in the prior's tag, cut by the context
         traj("<answer>B</answer>"),  # no tool, right
         traj("I think", reason="length"),  # no tool, no answer, cut by the token cap
     ]
@@ -36,8 +37,8 @@ def test_rows_split_tool_and_no_tool_rollouts_by_hand():
         RewardBreakdown(total=0.1, accuracy=0.0),
     ]
     tool, direct = diagnostic_rows(2, trajs, rewards, SHAPING)
-    assert (tool.split, tool.rollouts, tool.share) == ("tool", 2, 0.5)
-    assert (tool.accuracy, tool.no_answer, tool.truncated) == (0.5, 0.0, 0.5)
+    assert (tool.split, tool.rollouts, tool.share, tool.reverted) == ("tool", 2, 0.5, 0.5)
+    assert (tool.accuracy, tool.no_answer, tool.truncated) == (0.5, 0.5, 0.5)
     # raw (2.8 + 0.9) / 2; shaped: 26 -> 20 and 7, so 13.5
     assert tool.reward == pytest.approx(1.85) and tool.shaped == pytest.approx(13.5)
     assert (direct.accuracy, direct.no_answer, direct.truncated) == (0.5, 0.5, 0.5)
@@ -51,7 +52,7 @@ def test_an_empty_split_is_zero_and_shows_dashes():
     rows = diagnostic_rows(16, [traj("<answer>B</answer>")], [RewardBreakdown(total=2.0)], SHAPING)
     assert rows[0].rollouts == 0 and rows[0].accuracy == 0.0 and rows[1].share == 1.0
     table = diagnostic_table(rows)
-    assert "| 16 | tool | 0 | 0.00 | - | - | - | - | - |" in table
+    assert "| 16 | tool | 0 | 0.00 | - | - | - | - | - | - |" in table
     assert "| 16 | no tool | 1 | 1.00 |" in table
     with pytest.raises(ValueError, match="1 rewards for 2 rollouts"):
         diagnostic_rows(2, [traj("x"), traj("y")], [RewardBreakdown(total=0.0)], SHAPING)
