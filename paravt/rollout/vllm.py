@@ -218,8 +218,13 @@ class VLLMEngine:
         return self._version
 
     def generate(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        seed_offsets: Sequence[int] | None = None,
     ) -> list[list[GenerationOutput]]:
+        """`seed_offsets`: the index each request's seed derives from (default: its position);
+        a rollout server passes the positions in the trainer's whole batch."""
         if not requests:
             return []
         if self._discarded:
@@ -229,7 +234,8 @@ class VLLMEngine:
             )
         self._wake()
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
-        sampling = [self._sampling(params, i) for i in range(len(requests))]
+        offsets = range(len(requests)) if seed_offsets is None else seed_offsets
+        sampling = [self._sampling(params, i) for i in offsets]
         outs = self.llm.generate(prompts, sampling, use_tqdm=False)
         results = []
         for i, (req, out) in enumerate(zip(requests, outs, strict=True)):
