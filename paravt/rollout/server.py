@@ -13,7 +13,8 @@ Routes (JSON bodies):
     GET  /health         200 {"ok": true, ...} once the engine is up, 503 while it starts or
                          after the engine failed
     GET  /version        {"version": the weight version the server samples with}
-    GET  /stats          {"requests": served so far, "names": the last named requests}
+    GET  /stats          {"requests": served so far, "names": the last named requests,
+                         "syncs": the seconds of each weight sync on the server}
     POST /generate       {"requests": [...], "params": {...}} (paravt.rollout.server_protocol)
                          -> {"outputs": [[...] per request], "version": v}
     POST /sync_weights   {"path": folder, "version": v, "plan": SYNC_PLAN}
@@ -69,6 +70,7 @@ class RolloutService:
         self.failure: str | None = None
         self.served = 0
         self.names: collections.deque[str] = collections.deque(maxlen=4096)
+        self.syncs: collections.deque[float] = collections.deque(maxlen=4096)  # seconds each
 
     @property
     def ready(self) -> bool:
@@ -105,7 +107,8 @@ class RolloutService:
         finally:
             if self.lock.locked() and "resume" not in done:
                 self.lock.release()
-        return {"version": self.version, "steps": done, "seconds": time.perf_counter() - t0}
+        self.syncs.append(time.perf_counter() - t0)
+        return {"version": self.version, "steps": done, "seconds": self.syncs[-1]}
 
     # ---- the steps of SYNC_PLAN, in its order ---------------------------------------------
     def _step_pause(self, body) -> None:
@@ -158,7 +161,8 @@ def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/version":
                 self._send(200, {"version": service.version})
             elif self.path == "/stats":
-                self._send(200, {"requests": service.served, "names": list(service.names)})
+                stats = {"requests": service.served, "names": list(service.names)}
+                self._send(200, stats | {"syncs": list(service.syncs)})
             else:
                 self._send(404, {"error": f"no route {self.path}"})
 
