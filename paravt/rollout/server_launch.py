@@ -39,7 +39,8 @@ def repo_python() -> str | None:
 
 
 def has_vllm(python: str) -> bool:
-    if Path(python).resolve() == Path(sys.executable).resolve():
+    # not resolved: two venvs' interpreters are links to the same base python
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
         from importlib.util import find_spec
 
         return find_spec("vllm") is not None

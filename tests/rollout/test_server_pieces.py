@@ -198,3 +198,25 @@ def test_a_clip_without_frames_is_refused_naming_the_request():
     req = GenerationRequest((1,), (Visual(None, None, frames=None),), "trajectory s3#0")
     with pytest.raises(ValueError, match="trajectory s3#0: clip 0 has no decoded frames"):
         encode_request(req, 0)
+
+
+# ---- the servers' interpreter -----------------------------------------------------------------
+def test_a_missing_server_interpreter_is_refused(tmp_path):
+    from paravt.errors import UserError
+    from paravt.rollout.server_launch import server_python
+
+    with pytest.raises(UserError, match=r"server_python=.*does not exist"):
+        server_python(str(tmp_path / "python"))
+
+
+@pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("vllm") is not None, reason="vLLM is here"
+)
+def test_an_interpreter_without_vllm_is_refused_naming_the_fix():
+    import sys
+
+    from paravt.errors import UserError
+    from paravt.rollout.server_launch import server_python
+
+    with pytest.raises(UserError, match=r"has no vLLM: set rollout.engine.server_python"):
+        server_python(sys.executable)

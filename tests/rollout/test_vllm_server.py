@@ -101,19 +101,21 @@ def _same(a, b) -> None:
         assert np.allclose(x.logprobs, y.logprobs, atol=1e-5)
 
 
-def _exact(engine, local, policy, processor, samples) -> None:
+def _exact(engine, local, policy, processor, samples) -> list:
     """Greedy and sampled rollouts of `engine` equal the in-process engine's, and the sampled
-    ones' log-probs are the trainer's (`policy`) within 1e-4."""
+    ones' log-probs are the trainer's (`policy`) within 1e-4; returns the greedy ones."""
     greedy = _loop(engine, processor).run(samples, [4, 4], 1, GREEDY)
-    assert all(len(t.turns) >= 2 and t.num_tool_responses >= 1 for t in greedy)
-    assert max(len(t.turns[0].results) for t in greedy) >= 2  # parallel crops in one turn
     _same(greedy, _loop(local, processor).run(samples, [4, 4], 1, GREEDY))
     sampled = _loop(engine, processor).run(samples, [4, 8], 3, SAMPLED)
     _same(sampled, _loop(local, processor).run(samples, [4, 8], 3, SAMPLED))  # same seeds
     assert len({t.token_ids for t in sampled[:3]}) > 1  # the G copies differ
+    # two-round trajectories with parallel crops among them (the updated policy crops less)
+    trajs = [*greedy, *sampled]
+    assert any(len(t.turns) >= 2 and len(t.turns[0].results) >= 2 for t in trajs)
     gap = _gap(policy, processor, sampled, SAMPLED.temperature)
     print(f"server vs teacher-forced at T=0.7: max |delta logprob| = {gap:.2e}")
     assert gap <= 1e-4
+    return greedy
 
 
 def test_two_round_parallel_crop_rollouts_equal_the_in_process_engine(
@@ -121,7 +123,9 @@ def test_two_round_parallel_crop_rollouts_equal_the_in_process_engine(
 ):
     model, processor = tool_caller
     assert remote.weight_version == 0
-    _exact(remote, local, model, processor, needle_samples[:2])
+    greedy = _exact(remote, local, model, processor, needle_samples[:2])
+    assert all(len(t.turns) >= 2 and t.num_tool_responses >= 1 for t in greedy)
+    assert max(len(t.turns[0].results) for t in greedy) >= 2  # parallel crops in one turn
 
 
 def test_after_a_weight_sync_they_still_do_and_the_old_weights_no_longer_fit(
@@ -187,3 +191,22 @@ def test_two_servers_share_groups_and_a_killed_one_fails_the_step_naming_it(
             ServerEngine([server.url, second.url], CFG)  # /health checked before use
     finally:
         second.stop()
+
+
+def test_versions_only_move_forward_when_clients_share_a_server(
+    tool_caller, server, updated, needle_samples
+):
+    """rollout.mode=async: the generator process and the trainer's evaluations are two clients
+    of one server. A client's generate adopts a newer version synced by the other, and a sync
+    to an older version than the server holds is skipped, so a run records the oldest weights
+    any of its tokens were sampled with and staleness is never under-counted."""
+    _, processor = tool_caller
+    a, b = ServerEngine([server.url], CFG), ServerEngine([server.url], CFG)
+    a.sync_weights(updated, version=3)  # first sync of a client: loads whatever the server held
+    b.sync_weights(updated, version=4)
+    assert a.weight_version == 3
+    _loop(a, processor).run(needle_samples[:1], [4], 1, GREEDY)
+    assert a.weight_version == 4  # answered under b's weights: adopted
+    a.sync_weights(updated, version=3)  # older than the server's: skipped
+    assert a.weight_version == 4
+    assert http_json(f"{server.url}/version")[1]["version"] == 4
