@@ -117,6 +117,7 @@ class EngineConfig:
     # .venv-vllm's); `sync_dir`: where full checkpoints go for the servers ("": /dev/shm).
     server_urls: tuple[str, ...] = ()
     num_servers: int = 1
+    server_devices: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of each started server
     server_python: str = "auto"
     sync_dir: str = ""
     server_log_dir: str = ""
@@ -125,6 +126,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "server_urls", tuple(self.server_urls or ()))
+        object.__setattr__(self, "server_devices", tuple(str(d) for d in self.server_devices or ()))
+        if self.server_devices and len(self.server_devices) != self.num_servers:
+            raise ValueError(
+                f"rollout.engine.server_devices names {len(self.server_devices)} device set(s) "
+                f"for num_servers={self.num_servers}: give one per server (e.g. ['7'] or "
+                "['6,7'] for a tensor-parallel pair) or none"
+            )
         if self.num_servers < 1 and not self.server_urls:
             raise ValueError(f"num_servers must be >= 1, got {self.num_servers}")
         if self.mm_processor_cache_gb < 0:

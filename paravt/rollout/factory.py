@@ -130,8 +130,10 @@ def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights)
     log_dir = cfg.server_log_dir or None
     servers = []
     try:
-        for _ in range(cfg.num_servers):
-            servers.append(start_server(path, cfg, python, log_dir, cfg.server_start_timeout_s))
+        for i in range(cfg.num_servers):
+            devices = cfg.server_devices[i] if cfg.server_devices else None
+            timeout = cfg.server_start_timeout_s
+            servers.append(start_server(path, cfg, python, log_dir, timeout, devices))
         return ServerEngine([s.url for s in servers], cfg, servers)
     except BaseException:
         for server in servers:

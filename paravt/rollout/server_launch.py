@@ -136,14 +136,22 @@ def _wait_port(server: subprocess.Popen, port_file: Path, log: Path, deadline: f
 
 
 def start_server(
-    model_dir: str, cfg, python: str, log_dir: str | None = None, timeout_s: float = 600
+    model_dir: str,
+    cfg,
+    python: str,
+    log_dir: str | None = None,
+    timeout_s: float = 600,
+    devices: str | None = None,
 ) -> ServerProcess:
-    """Start one server on `model_dir` and wait until its /health answers 200."""
+    """Start one server on `model_dir` and wait until its /health answers 200; `devices`: its
+    CUDA_VISIBLE_DEVICES (e.g. "7"), None to inherit this process's."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="paravt_servers_"))
     log_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="server_", dir=log_dir))
     log, port_file = work / "server.log", work / "port"
     env = os.environ | SERVER_ENV | {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gb)}
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     # The server imports this same paravt (a source checkout or an install).
     src = str(Path(paravt.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)

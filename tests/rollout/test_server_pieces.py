@@ -220,3 +220,12 @@ def test_an_interpreter_without_vllm_is_refused_naming_the_fix():
 
     with pytest.raises(UserError, match=r"has no vLLM: set rollout.engine.server_python"):
         server_python(sys.executable)
+
+
+def test_server_devices_are_one_set_per_started_server():
+    from paravt.rollout.engine import EngineConfig
+
+    cfg = EngineConfig(name="vllm_server", num_servers=2, server_devices=[6, "7"])
+    assert cfg.server_devices == ("6", "7")
+    with pytest.raises(ValueError, match=r"names 1 device set\(s\) for num_servers=2"):
+        EngineConfig(name="vllm_server", num_servers=2, server_devices=["7"])

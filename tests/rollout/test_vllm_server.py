@@ -30,7 +30,7 @@ from paravt.rollout.server_launch import start_server
 from paravt.rollout.server_protocol import SYNC_PLAN
 from paravt.video.reader import VideoReader
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a server start-up on 2 loaded cores
 GREEDY = SamplingParams(greedy=True)
 SAMPLED = SamplingParams(temperature=0.7, seed=5)
 CFG = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096, max_num_seqs=16)
@@ -69,9 +69,10 @@ def local(tool_caller, caller_dir):
 
 @pytest.fixture(scope="module")
 def updated(tool_caller, needle_samples, local):
-    """The caller after one optimiser step on every weight (vision tower included)."""
+    """The caller after one optimiser step on every weight (vision tower included), on its own
+    greedy two-round trajectories (so it still crops in parallel)."""
     model, processor = tool_caller
-    trajs = _loop(local, processor).run(needle_samples[:2], [4, 4], 2, SAMPLED)
+    trajs = _loop(local, processor).run(needle_samples[:2], [4, 4], 1, GREEDY)
     policy = copy.deepcopy(model).train()
     torch.manual_seed(0)
     supervised_steps(policy, processor, trajs, 1, lr=3e-3)
