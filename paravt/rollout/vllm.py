@@ -99,6 +99,13 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
         kwargs |= gpu_launch_kwargs(cfg.tensor_parallel_size, launch_world()[1])
     else:
         kwargs["enforce_eager"] = True
+        # No chunked prefill on the CPU backend: a prompt split over engine steps has its
+        # partial step's token discarded, and vLLM then rewinds the request's seeded generator
+        # with `set_offset`, which a CPU generator lacks ("CPU Generator does not use offset":
+        # the engine dies mid-rollout, seen with a group of long multi-crop contexts). vLLM does
+        # the same for MLA models on CPU; every prompt then fits one step.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
     return kwargs
 
 
