@@ -122,8 +122,13 @@ def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights)
     check_world(launch_world()[1])
     if cfg.dtype == "auto":
         cfg = replace(cfg, dtype=str(engine_dtype(cfg, model)).removeprefix("torch."))
+    from paravt.models.lora import is_lora
+    from paravt.rollout.server_checkpoint import model_manifest
+
+    # what every synced checkpoint must hold (LoRA: merged names, known at the first sync)
+    manifest = None if is_lora(model) else model_manifest(model)
     if cfg.server_urls:
-        return ServerEngine(cfg.server_urls, cfg)
+        return ServerEngine(cfg.server_urls, cfg, manifest=manifest)
     check_context(cfg.max_model_len, getattr(model, "config", None))
     python = server_python(cfg.server_python)
     path = model_path or export_model(model, processor)
@@ -134,7 +139,7 @@ def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights)
             devices = cfg.server_devices[i] if cfg.server_devices else None
             timeout = cfg.server_start_timeout_s
             servers.append(start_server(path, cfg, python, log_dir, timeout, devices))
-        return ServerEngine([s.url for s in servers], cfg, servers)
+        return ServerEngine([s.url for s in servers], cfg, servers, manifest)
     except BaseException:
         for server in servers:
             server.stop()

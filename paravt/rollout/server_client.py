@@ -86,7 +86,12 @@ def http_json(url: str, body: dict | None = None, timeout_s: float = 60.0) -> tu
 class ServerEngine:
     """`RolloutEngine` over rollout servers; see the module docstring."""
 
-    def __init__(self, urls: Sequence[str], cfg: EngineConfig, processes: Sequence = ()):
+    def __init__(
+        self, urls: Sequence[str], cfg: EngineConfig, processes: Sequence = (), manifest=None
+    ):
+        """`processes`: the servers this engine started (on the trainer's initial weights);
+        `manifest`: name -> shape of the model's tensors (`model_manifest`), which every
+        checkpoint must match (None: taken from the policy at the first sync)."""
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.cfg, self.processes = cfg, list(processes)
         self.router = Router(self.urls)
@@ -95,15 +100,16 @@ class ServerEngine:
         self._own_sync_dir = not cfg.sync_dir
         if self._own_sync_dir:  # tmpfs holds RAM: never left behind
             atexit.register(shutil.rmtree, self.sync_dir, True)
-        self._manifest: dict[str, tuple[int, ...]] | None = None
+        self._manifest = manifest
         self.last_sync_s = 0.0
         for url in self.urls:
             self._check_health(url)
-        self._version = min(self._get(u, "/version")["version"] for u in self.urls)
         # Servers this engine did not start hold weights it cannot vouch for (another
-        # checkpoint, another run's version): the first sync loads the policy whatever their
-        # version says (`needs_sync` makes the trainer sync before its first rollouts).
+        # checkpoint, another run's version): version -1 until the first sync, which loads the
+        # policy whatever their version says (`needs_sync`: the trainer syncs before rollouts).
         self._force = not self.processes
+        versions = [self._get(u, "/version")["version"] for u in self.urls]
+        self._version = -1 if self._force else min(versions)
 
     @property
     def child_config(self) -> EngineConfig:
