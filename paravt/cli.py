@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paravt.run.paradox_report",
         "Tool Prior Paradox: Figure 4 and the f_tau / kappa table from run folders",
     ),
+    "serve-rollout": (
+        "paravt.rollout.server",
+        "serve rollouts from vLLM over HTTP (rollout/engine=vllm_server; needs vLLM)",
+    ),
     "rollout": (
         "paravt.run.inspect",
         "run the agent on a few samples and print the trajectories",

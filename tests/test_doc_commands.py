@@ -298,7 +298,7 @@ def test_the_cpu_chain_runs_from_a_fresh_folder(fresh):
 
 
 # ---- the vLLM environment's commands (marker `vllm`: `make test-vllm` runs them in .venv-vllm)
-VLLM = re.compile(r"rollout/engine=vllm|--engine vllm")
+VLLM = re.compile(r"rollout/engine=vllm\b|--engine vllm\b")  # not vllm_server
 VLLM_CAPS = {  # as written, plus caps that keep each command to a step or two (docs/development.md)
     "python train.py rollout/engine=vllm": "trainer.max_steps=2 data.batch_size=1 "
     "rollout.group_size=2 rollout.agent.max_rounds=1 rollout.agent.max_new_tokens=8 "

@@ -85,7 +85,8 @@ class AsyncRollouts:
         mine, theirs = split_cores(all_cores, cfg.generator_cores)
         spec = GeneratorSpec(
             policy=replace(module.spec, gradient_checkpointing=False),
-            engine=cfg.engine,
+            # rollout servers started here are shared with the generator, never started twice
+            engine=getattr(datamodule.engine, "child_config", cfg.engine),
             agent=cfg.agent,
             crop=datamodule.agent.crop,
             cores=tuple(theirs),

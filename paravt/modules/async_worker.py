@@ -215,6 +215,9 @@ def generator_main(
         model, engine, agent = _build(spec, weights, device)
         while (task := tasks.get()) is not None:
             WeightSync.into_generator(engine, model, weights)
+            # before the run: an engine whose weights may move forward during it (shared rollout
+            # servers) then records the oldest weights any token was sampled with
+            version = engine.weight_version
             t0 = time.perf_counter()
             run = agent.run(
                 list(task.samples),
@@ -226,7 +229,7 @@ def generator_main(
             busy = time.perf_counter() - t0
             timings = {f"rollout_{k}": v for k, v in run.timings.items()}
             errors = dict(run.video_errors)
-            out = GenResult(task.step, engine.weight_version, tuple(run), errors, busy, timings)
+            out = GenResult(task.step, version, tuple(run), errors, busy, timings)
             results.put(out)
     except BaseException:
         with contextlib.suppress(BrokenPipeError):

@@ -112,8 +112,29 @@ class EngineConfig:
     max_videos_per_prompt: int = 16  # overview + crops of one context
     sync_bucket_mb: int = 256
     seed: int = 0
+    # vllm_server only (paravt.rollout.server_client): running servers' URLs, or none to start
+    # `num_servers` with `server_python` ("auto": this interpreter if it has vLLM, else
+    # .venv-vllm's); `sync_dir`: where full checkpoints go for the servers ("": /dev/shm).
+    server_urls: tuple[str, ...] = ()
+    num_servers: int = 1
+    server_devices: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of each started server
+    server_python: str = "auto"
+    sync_dir: str = ""
+    server_log_dir: str = ""
+    server_start_timeout_s: float = 900.0
+    server_request_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "server_urls", tuple(self.server_urls or ()))
+        object.__setattr__(self, "server_devices", tuple(str(d) for d in self.server_devices or ()))
+        if self.server_devices and len(self.server_devices) != self.num_servers:
+            raise ValueError(
+                f"rollout.engine.server_devices names {len(self.server_devices)} device set(s) "
+                f"for num_servers={self.num_servers}: give one per server (e.g. ['7'] or "
+                "['6,7'] for a tensor-parallel pair) or none"
+            )
+        if self.num_servers < 1 and not self.server_urls:
+            raise ValueError(f"num_servers must be >= 1, got {self.num_servers}")
         if self.mm_processor_cache_gb < 0:
             raise ValueError(
                 f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"

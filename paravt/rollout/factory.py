@@ -12,6 +12,10 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
   weights), and never from a meta-device skeleton (it would hold no weights).
 - `vllm`: `VLLMEngine`, an in-process `vllm.LLM` loaded from `model_path` (or from a temporary
   export of the given model when there is no path), kept current by `sync_weights`.
+- `vllm_server`: `ServerEngine`, the same vLLM engine in rollout server processes
+  (`paravt serve-rollout`) reached over HTTP: the servers of `server_urls`, or `num_servers`
+  started here on `model_path` (or an export) with `server_python`; no vLLM import in this
+  process.
 
 When an engine is synced is `paravt.rollout.weight_sync.WeightSync`'s business, and how its
 weights are gathered `iter_weights`'s.
@@ -109,14 +113,59 @@ def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rol
     return VLLMEngine.from_model(cfg, model, processor, model_path)
 
 
+def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
+    from paravt.rollout.server_client import ServerEngine, check_world
+    from paravt.rollout.server_launch import server_python, start_server
+    from paravt.rollout.vllm_launch import launch_world
+
+    check_world(launch_world()[1])
+    if cfg.dtype == "auto":
+        cfg = replace(cfg, dtype=str(engine_dtype(cfg, model)).removeprefix("torch."))
+    from paravt.models.lora import is_lora
+    from paravt.rollout.server_checkpoint import model_manifest
+
+    # what every synced checkpoint must hold (LoRA: merged names, known at the first sync)
+    manifest = None if is_lora(model) else model_manifest(model)
+    if cfg.server_urls:
+        return ServerEngine(cfg.server_urls, cfg, manifest=manifest)
+    check_context(cfg.max_model_len, getattr(model, "config", None))
+    python = server_python(cfg.server_python)
+    path = model_path or export_model(model, processor)
+    log_dir = cfg.server_log_dir or None
+    servers = []
+    try:
+        for i in range(cfg.num_servers):
+            devices = cfg.server_devices[i] if cfg.server_devices else None
+            timeout = cfg.server_start_timeout_s
+            servers.append(start_server(path, cfg, python, log_dir, timeout, devices))
+        return ServerEngine([s.url for s in servers], cfg, servers, manifest)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+
+
+def export_model(model, processor) -> str:
+    """`model` (LoRA: merged) and its processor into a temporary HF folder an engine loads."""
+    import tempfile
+
+    from paravt.models.lora import is_lora, merged_state_dict
+
+    path = tempfile.mkdtemp(prefix="paravt_engine_")
+    merged = merged_state_dict(model) if is_lora(model) else None  # LoRA: base names
+    model.save_pretrained(path, state_dict=merged)
+    processor.save_pretrained(path)
+    return path
+
+
 Builder = Callable[..., RolloutEngine]
-ENGINES: dict[str, Builder] = {"hf": _hf, "vllm": _vllm}
+ENGINES: dict[str, Builder] = {"hf": _hf, "vllm": _vllm, "vllm_server": _vllm_server}
 
 
 def loads_from_path(name: str, model_path: str | None) -> bool:
-    """Whether engine `name` reads its weights from `model_path` itself (vLLM does): the
-    caller's model then needs no weights, only its config (a meta-device skeleton will do)."""
-    return name == "vllm" and model_path is not None
+    """Whether engine `name` reads its weights from `model_path` itself (vLLM and its servers
+    do): the caller's model then needs no weights, only its config (a skeleton will do)."""
+    return name in ("vllm", "vllm_server") and model_path is not None
 
 
 def check_engine_name(name: str) -> None:

@@ -99,6 +99,13 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
         kwargs |= gpu_launch_kwargs(cfg.tensor_parallel_size, launch_world()[1])
     else:
         kwargs["enforce_eager"] = True
+        # No chunked prefill on the CPU backend: a prompt split over engine steps has its
+        # partial step's token discarded, and vLLM then rewinds the request's seeded generator
+        # with `set_offset`, which a CPU generator lacks ("CPU Generator does not use offset":
+        # the engine dies mid-rollout, seen with a group of long multi-crop contexts). vLLM does
+        # the same for MLA models on CPU; every prompt then fits one step.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
     return kwargs
 
 
@@ -218,8 +225,13 @@ class VLLMEngine:
         return self._version
 
     def generate(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        seed_offsets: Sequence[int] | None = None,
     ) -> list[list[GenerationOutput]]:
+        """`seed_offsets`: the index each request's seed derives from (default: its position);
+        a rollout server passes the positions in the trainer's whole batch."""
         if not requests:
             return []
         if self._discarded:
@@ -229,7 +241,8 @@ class VLLMEngine:
             )
         self._wake()
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
-        sampling = [self._sampling(params, i) for i in range(len(requests))]
+        offsets = range(len(requests)) if seed_offsets is None else seed_offsets
+        sampling = [self._sampling(params, i) for i in offsets]
         outs = self.llm.generate(prompts, sampling, use_tqdm=False)
         results = []
         for i, (req, out) in enumerate(zip(requests, outs, strict=True)):

@@ -16,7 +16,9 @@ from paravt.rollout.factory import check_context, engine_dtype
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("engine", "weightless"), [("hf", False), ("vllm", True)])
+@pytest.mark.parametrize(
+    ("engine", "weightless"), [("hf", False), ("vllm", True), ("vllm_server", True)]
+)
 def test_the_weights_are_loaded_only_for_the_transformers_engine(
     engine, weightless, tiny_qwen3_dir
 ):

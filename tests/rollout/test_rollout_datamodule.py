@@ -81,7 +81,9 @@ def test_a_module_without_the_policy_protocol_is_named(needle_dir):
 
 
 def test_an_unknown_engine_is_named(policy):
-    with pytest.raises(ValueError, match=r"'sglang' is unknown: choose one of \['hf', 'vllm'\]"):
+    with pytest.raises(
+        ValueError, match=r"'sglang' is unknown: choose one of \['hf', 'vllm', 'vllm_server'\]"
+    ):
         build_engine(EngineConfig(name="sglang"), policy.policy, policy.processor)
     with pytest.raises(ValueError, match=r"'sglang' is unknown"):
         RolloutConfig(engine=EngineConfig(name="sglang"))  # at config time, before any engine

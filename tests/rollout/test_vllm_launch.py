@@ -128,6 +128,15 @@ def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
     assert "data_parallel_size" not in kwargs and kwargs["tensor_parallel_size"] == 1
 
 
+def test_llm_kwargs_on_cpu_never_split_a_prompt_over_engine_steps(monkeypatch):
+    """A split prompt's discarded token makes vLLM rewind a seeded CPU generator, which fails
+    ("CPU Generator does not use offset") and kills the engine."""
+    monkeypatch.setattr(vllm_engine, "_on_gpu", lambda: False)
+    kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm", max_model_len=20000), "/m", 4)
+    assert kwargs["enable_chunked_prefill"] is False
+    assert kwargs["max_num_batched_tokens"] >= 20000  # vLLM requires >= max_model_len then
+
+
 # What each launcher exports to rank 1 of 2 (one node): Lightning's own launcher
 # (lightning/fabric/strategies/launchers/subprocess_script.py) and srun (SLURM_* only). Neither
 # sets RANK, which vLLM's external launcher reads (ExecutorWithExternalLauncher._distributed_args

