@@ -112,8 +112,15 @@ class EngineConfig:
     max_videos_per_prompt: int = 16  # overview + crops of one context
     sync_bucket_mb: int = 256
     seed: int = 0
+    # vllm_server only: running servers' URLs, or none to start `num_servers` on the GPU ids
+    # `devices` (num_servers x tensor_parallel_size of them, none of the trainer's).
+    server_urls: tuple[str, ...] = ()
+    num_servers: int = 1
+    devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "server_urls", tuple(self.server_urls or ()))
+        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices or ()))
         if self.mm_processor_cache_gb < 0:
             raise ValueError(
                 f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"

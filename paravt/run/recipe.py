@@ -19,6 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SERVER_ENGINE = "vllm_server"  # rollouts on generation servers apart from the trainer's GPUs
+# The keys of conf/rollout/engine/vllm_server.yaml the checks read: running servers' base URLs
+# (empty: paravt starts NUM of them), how many it starts, and the GPU ids it starts them on.
+URLS, NUM, DEVICES = "server_urls", "num_servers", "devices"
 HALF_PRECISION = {"bf16-true", "16-true", "bf16", "16", "half"}
 
 
@@ -170,15 +173,18 @@ def trainer_device_ids(cfg: DictConfig) -> list[int] | None:
 
 def generation_devices(cfg: DictConfig) -> list[int]:
     """GPU ids of the generation servers paravt starts beside the trainer: none when the
-    rollouts run in the trainer, or when `rollout.engine.urls` names running servers."""
+    rollouts run in the trainer, or when `rollout.engine.server_urls` names running servers."""
     engine = cfg.rollout.engine
-    if engine.get("name") != SERVER_ENGINE or engine.get("urls"):
+    if engine.get("name") != SERVER_ENGINE or engine.get(URLS):
         return []
-    return [int(d) for d in engine.get("devices") or []]
+    return [int(d) for d in engine.get(DEVICES) or []]
 
 
 def _span(ids: list[int]) -> str:
-    return f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else str(ids)
+    """GPU ids as printed: 0-6 for a run of them, else the list."""
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return str(ids[0]) if len(ids) == 1 else str(ids)
 
 
 def _free_ids(taken: list[int], n: int) -> list[int]:
@@ -191,18 +197,18 @@ def _server_problems(cfg: DictConfig) -> list[Problem]:
     """Servers paravt starts: as many GPUs as servers x tensor_parallel_size, each named once,
     none of them the trainer's."""
     engine = cfg.rollout.engine
-    if engine.get("name") != SERVER_ENGINE or engine.get("urls"):
+    if engine.get("name") != SERVER_ENGINE or engine.get(URLS):
         return []
-    servers = int(engine.get("servers", 1) or 0)
+    servers = int(engine.get(NUM, 1) or 0)
     need = servers * int(engine.get("tensor_parallel_size", 1) or 1)
     gen, trainer = generation_devices(cfg), trainer_device_ids(cfg) or []
     if servers < 1:
         return [
             Problem(
-                "rollout/engine=vllm_server with no rollout.engine.urls and "
-                f"rollout.engine.servers={servers}: nothing would generate",
-                f"rollout.engine.servers=1 rollout.engine.devices={_free_ids(trainer, 1)} "
-                "(paravt starts it) or rollout.engine.urls=[http://HOST:PORT] (running servers)",
+                f"rollout/engine=vllm_server with no rollout.engine.{URLS} and "
+                f"rollout.engine.{NUM}={servers}: nothing would generate",
+                f"rollout.engine.{NUM}=1 rollout.engine.{DEVICES}={_free_ids(trainer, 1)} "
+                f"(paravt starts it) or rollout.engine.{URLS}=[http://HOST:PORT] (running servers)",
             )
         ]
     if cfg.trainer.get("accelerator") != "gpu":  # on a CPU the servers share its cores
@@ -211,25 +217,35 @@ def _server_problems(cfg: DictConfig) -> list[Problem]:
     if len(gen) != need:
         out.append(
             Problem(
-                f"rollout.engine.devices={gen} names {len(gen)} GPU(s) for "
-                f"rollout.engine.servers={servers} x tensor_parallel_size = {need}",
-                f"rollout.engine.devices={_free_ids(trainer, need)}",
+                f"rollout.engine.{DEVICES}={gen} names {len(gen)} GPU(s) for "
+                f"rollout.engine.{NUM}={servers} x tensor_parallel_size = {need}",
+                f"rollout.engine.{DEVICES}={_free_ids(trainer, need)}",
             )
         )
     twice = sorted({d for d in gen if gen.count(d) > 1})
     if twice:
-        out.append(Problem(f"rollout.engine.devices names GPU(s) {twice} twice", "one id per GPU"))
+        out.append(
+            Problem(f"rollout.engine.{DEVICES} names GPU(s) {twice} twice", "one id per GPU")
+        )
     shared = sorted(set(gen) & set(trainer))
     if shared:
         out.append(
             Problem(
                 f"GPU(s) {shared} would hold both a trainer rank (trainer.devices="
                 f"{cfg.trainer.devices} takes GPUs {_span(trainer)}) and a generation server "
-                f"(rollout.engine.devices={gen})",
-                f"rollout.engine.devices={_free_ids(trainer, len(gen))}, or fewer trainer.devices",
+                f"(rollout.engine.{DEVICES}={gen})",
+                _overlap_fix(trainer, gen),
             )
         )
     return out
+
+
+def _overlap_fix(trainer: list[int], gen: list[int]) -> str:
+    """Fewer trainer ranks when the trainer takes the first n GPUs and the servers sit above
+    some of them; else other GPU ids for the servers."""
+    if trainer == list(range(len(trainer))) and min(gen) > 0:
+        return f"trainer.devices={min(gen)} (GPUs {_span(list(range(min(gen))))})"
+    return f"rollout.engine.{DEVICES}={_free_ids(trainer, len(gen))}"
 
 
 def device_count_problems(cfg: DictConfig, gpus_per_node: int) -> list[Problem]:
@@ -242,13 +258,13 @@ def device_count_problems(cfg: DictConfig, gpus_per_node: int) -> list[Problem]:
     used = len(trainer) + len(gen)
     if used > gpus_per_node:
         what = f"trainer.devices={cfg.trainer.devices}"
-        what += f" and rollout.engine.devices={gen}" if gen else ""
+        what += f" and rollout.engine.{DEVICES}={gen}" if gen else ""
         spare = gpus_per_node - len(gen)
         return [
             Problem(
                 f"{what} need {used} GPUs on a node of {gpus_per_node} (--gpus-per-node)",
                 f"trainer.devices={spare}"
-                + (", or servers on other machines: rollout.engine.urls=[...]" if gen else ""),
+                + (f", or servers on other machines: rollout.engine.{URLS}=[...]" if gen else ""),
             )
         ]
     missing = sorted(d for d in set(trainer) | set(gen) if d >= gpus_per_node)
@@ -257,7 +273,7 @@ def device_count_problems(cfg: DictConfig, gpus_per_node: int) -> list[Problem]:
             Problem(
                 f"GPU id(s) {missing} do not exist on a node of {gpus_per_node} GPUs "
                 f"(ids 0 to {gpus_per_node - 1})",
-                f"ids below {gpus_per_node} in trainer.devices / rollout.engine.devices",
+                f"ids below {gpus_per_node} in trainer.devices / rollout.engine.{DEVICES}",
             )
         ]
     return []
@@ -273,9 +289,9 @@ def placement(cfg: DictConfig) -> str:
     engine = cfg.rollout.engine
     if engine.get("name") != SERVER_ENGINE:
         return text + f"in the trainer's processes (rollout/engine={engine.get('name')})"
-    if engine.get("urls"):
-        return text + f"on {len(engine.urls)} running server(s) at rollout.engine.urls"
-    servers = int(engine.get("servers", 1) or 0)
+    if engine.get(URLS):
+        return text + f"on {len(engine[URLS])} running server(s) at rollout.engine.{URLS}"
+    servers = int(engine.get(NUM, 1) or 0)
     return text + f"on {servers} server(s) paravt starts on GPU(s) {generation_devices(cfg)}"
 
 
@@ -319,6 +335,12 @@ def notes(cfg: DictConfig) -> list[str]:
         out.append(
             f"{b} prompts over {world} ranks: shares of {math.ceil(b / world)} or {b // world} "
             f"prompts{idle} (zero-weight passes; the update equals one rank's)"
+        )
+    engine, nodes = cfg.rollout.engine, int(cfg.trainer.get("num_nodes", 1) or 1)
+    if engine.get("name") == SERVER_ENGINE and not engine.get(URLS) and nodes > 1:
+        out.append(
+            f"trainer.num_nodes={nodes} with servers paravt starts: for a multi-node run start "
+            f"the servers apart and give them in rollout.engine.{URLS} (docs/training.md)"
         )
     if world > 1 and int(cfg.algorithm.get("ppo_mini_batches", 1)) > 1:
         out.append(
@@ -465,7 +487,7 @@ def server_report(cfg: DictConfig, gpu_gb: float) -> tuple[str, list[Problem]]:
     )
     fix = (
         "a higher rollout.engine.gpu_memory_utilization, rollout.engine.tensor_parallel_size=2 "
-        "with twice the rollout.engine.devices, or a lower rollout.engine.max_model_len"
+        f"with twice the rollout.engine.{DEVICES}, or a lower rollout.engine.max_model_len"
     )
     return format_server_plan(size, x, numbers), [Problem(what, fix)]
 
