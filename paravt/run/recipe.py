@@ -3,8 +3,12 @@
 Composes the config exactly as `train.py` does (same conf/ folder, same overrides), then checks
 it against its world size W = trainer.devices x trainer.num_nodes without a GPU, a checkpoint
 or a process group: the checks below (`problems`), the files the run and its callbacks will
-open (`files_to_open`), and a per-GPU memory plan (`paravt.run.memory_plan`). Exit 0: runnable;
-exit 2: each problem printed with its fix. `train.py` runs the same `problems` at start-up.
+open (`files_to_open`), and a per-GPU memory plan (`paravt.run.memory_plan`). With the rollouts
+on generation servers (`rollout/engine=vllm_server`) the servers' GPUs are checked against the
+trainer's (`placement`: none shared, each named once, all on a node of `--gpus-per-node`) and a
+server GPU gets a memory plan of its own. Exit 0: runnable; exit 2: each problem printed with
+its fix. `train.py` runs the same `problems` at start-up (all but the node's GPU count and the
+memory).
 """
 
 from __future__ import annotations
