@@ -188,3 +188,125 @@ def test_the_plans_engine_copy_is_the_measured_copy_of_the_tiny_model(dtype, lab
     copy = engine_copy(master, EngineConfig())  # rollout.engine.dtype: auto
     measured = sum(p.numel() * p.element_size() for p in copy.parameters())
     assert figure[f"engine weights {label} (own full copy)"] == measured
+
+
+# ---- generation servers apart from the trainer (experiment=paragrpo_1p7) -------------------
+ONE_PLUS_SEVEN = ["experiment=paragrpo_1p7", "model.path=/m/Qwen3-VL-8B-Instruct"]
+
+
+def test_the_1p7_topology_passes_with_a_plan_for_each_role(capsys):
+    assert main(ONE_PLUS_SEVEN) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "W = 7 ranks, 1 prompt(s) x 8 rollouts per rank" in out  # 7 prompts, one a rank
+    assert "rank(s) get none" not in out
+    assert "trainer on GPUs 0-6 of each of 1 node(s)" in out
+    assert "1 server(s) paravt starts on GPU(s) [7]" in out
+    trainer, server = out.split("memory plan per generation-server GPU")
+    assert "engine weights" not in trainer and "KV cache" not in trainer  # no engine on 0-6
+    assert "up to 64 sequences at once, 32768 tokens each (bf16)" in server
+    assert "holds 11 full-length trajectories at once" in server  # 54.5 GB / 4.83 GB
+
+
+@pytest.mark.parametrize(
+    ("overrides", "errors"),
+    [
+        # a trainer rank on the server's GPU, and 9 GPUs asked of an 8-GPU node
+        (
+            ["trainer.devices=8"],
+            ["GPU(s) [7] would hold both", "trainer.devices=7 (GPUs 0-6)", "need 9 GPUs"],
+        ),
+        (["rollout.engine.devices=[0]"], ["GPU(s) [0] would hold", "engine.devices=[7]"]),
+        (["trainer.devices=[1,2,3,4,5,6,7]"], ["GPU(s) [7] would hold", "engine.devices=[0]"]),
+        (["rollout.engine.devices=[7,7]"], ["names GPU(s) [7] twice", "need 9 GPUs"]),
+        (["rollout.engine.num_servers=2"], ["names 1 GPU(s) for", "engine.devices=[7, 8]"]),
+        (["rollout.engine.num_servers=0"], ["nothing would generate"]),
+        (["rollout.engine.devices=[8]"], ["GPU id(s) [8] do not exist on a node of 8 GPUs"]),
+        (["rollout.engine.gpu_memory_utilization=0.25"], ["vLLM refuses to start"]),
+    ],
+)
+def test_devices_that_do_not_add_up_exit_2_naming_the_fix(overrides, errors, capsys):
+    assert main([*ONE_PLUS_SEVEN, *overrides]) == 2
+    out = capsys.readouterr().out
+    for error in errors:
+        assert error in out, out
+    assert "fix:" in out
+
+
+def test_train_py_runs_the_device_checks_but_not_the_nodes_gpu_count():
+    """`problems` is what train.py checks at start-up; the GPU count is check-recipe's flag."""
+    from paravt.run.recipe import compose, problems
+
+    found = [str(p) for p in problems(compose([*ONE_PLUS_SEVEN[:1], "trainer.devices=8"]))]
+    assert len(found) == 1 and "GPU(s) [7] would hold both a trainer rank" in found[0]
+
+
+def test_the_nodes_gpu_count_is_a_flag(capsys):
+    # a 9th GPU for the server exists only on a node that has one
+    assert main([*ONE_PLUS_SEVEN, "rollout.engine.devices=[8]", "--gpus-per-node", "9"]) == 0
+    assert main([*ONE_PLUS_SEVEN, "--gpus-per-node", "4"]) == 2
+    assert "need 8 GPUs on a node of 4" in capsys.readouterr().out
+
+
+def test_running_servers_take_no_gpu_of_the_trainers_node(capsys):
+    # given as URLs, the servers are elsewhere: all 8 GPUs train, devices are not read
+    urls = "rollout.engine.server_urls=[http://gen0:8000,http://gen0:8001]"
+    assert main([*ONE_PLUS_SEVEN, "trainer.devices=8", urls]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rollouts on 2 running server(s) at rollout.engine.server_urls" in out
+    assert "memory plan per generation-server GPU" in out
+
+
+def test_a_multi_node_run_with_servers_paravt_starts_is_told_to_name_them(capsys):
+    assert main([*ONE_PLUS_SEVEN, "trainer.num_nodes=2"]) == 0
+    assert "note: trainer.num_nodes=2 with servers paravt starts" in capsys.readouterr().out
+
+
+def test_on_a_cpu_the_servers_need_no_gpu_ids():
+    """The CPU demo with rollout/engine=vllm_server: servers share the machine's cores."""
+    from paravt.run.recipe import compose, device_count_problems, problems
+
+    cfg = compose(["rollout/engine=vllm_server", "rollout.engine.devices=[0]"])
+    assert cfg.trainer.accelerator == "cpu"
+    assert problems(cfg) == [] and device_count_problems(cfg, 1) == []
+
+
+def test_a_trainer_devices_list_counts_its_gpus(capsys):
+    # a list of GPU ids is as many ranks as ids (planned as 1 rank before: 194 GiB, exit 2)
+    ids = "trainer.devices=[0,1,2,3,4,5,6,7]"
+    assert main(["experiment=paragrpo", "model.path=/m/Qwen3-VL-8B", ids]) == 0
+    assert "world size: 8" in capsys.readouterr().out
+
+
+def test_the_server_plan_by_hand():
+    """Qwen3-VL-8B in bf16 on one 80 GB GPU at gpu_memory_utilization 0.9, and at tensor
+    parallel 2: weights 2 B x 8.77e9; K and V of 36 layers x 8 heads x 128 dims in bf16 are
+    147,456 B a token, 4.83 GB for 32,768 tokens; tensor parallelism halves both."""
+    from paravt.run.memory_plan import SERVER_KV, ServerInputs, server_plan
+
+    size = PUBLISHED["qwen3_vl_8b"]
+    one = server_plan(size, ServerInputs(1, 0.9, 64, 32768, 80.0))
+    assert one["server weights bf16 (1/1 of the model)"] == 17.54e9
+    assert one["KV cache of one trajectory at max_model_len"] == 32768 * 147456
+    assert one[SERVER_KV] == pytest.approx(72e9 - 17.54e9)
+    assert one["KV cache of max_num_seqs=64 at max_model_len"] == 64 * 32768 * 147456
+    two = server_plan(size, ServerInputs(2, 0.9, 64, 32768, 80.0))
+    assert two["server weights bf16 (1/2 of the model)"] == 17.54e9 / 2
+    assert two["KV cache of one trajectory at max_model_len"] == 32768 * 147456 / 2
+
+
+def test_the_trainers_plan_with_servers_drops_only_the_engine():
+    """The same trainer with rollout/engine=hf: its rollout peak is the servers' plus the
+    engine's bf16 copy and the KV cache of its 8 rollouts (hand-computed); the update's the
+    same plus the copy."""
+    from dataclasses import replace
+
+    from paravt.run.memory_plan import plan
+    from paravt.run.recipe import compose, plan_inputs
+
+    size = PUBLISHED["qwen3_vl_8b"]
+    servers = plan_inputs(compose(ONE_PLUS_SEVEN), 80.0)
+    assert servers.engine == "vllm_server"
+    apart, hf = plan(size, servers), plan(size, replace(servers, engine="hf"))
+    copy, kv = 2 * size.total_params, 1 * 8 * 32768 * 147456
+    assert hf["peak rollout phase"] - apart["peak rollout phase"] == pytest.approx(copy + kv)
+    assert hf["peak update phase"] - apart["peak update phase"] == pytest.approx(copy)

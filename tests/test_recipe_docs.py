@@ -1,8 +1,8 @@
-"""The paper recipe's settings table in docs/method.md against `experiment=paragrpo` composed.
+"""The paper recipe's settings table in docs/method.md against `experiment=paragrpo` composed,
+and docs/training.md's table of the reference's 1 + 7 topology against `experiment=paragrpo_1p7`.
 
-The table is the one statement of the recipe's staleness, loss, engine and hyper-parameters in
-the docs; this test composes the recipe through Hydra and compares every row, so the docs and
-the config cannot drift apart.
+Each table is the one statement of its recipe's settings in the docs; these tests compose the
+recipe through Hydra and compare every row, so the docs and the config cannot drift apart.
 """
 
 from __future__ import annotations
@@ -26,6 +26,17 @@ REQUIRED = {
     "optimizer.lr",
     "algorithm.kl_coef",
     "algorithm.anchor_coef",
+}
+
+
+# | reference setting | paravt | `config key` | value | (docs/training.md's topology table)
+TOPOLOGY_ROW = re.compile(r"^\| ([^|]+) \| ([^|]+) \| `([\w./]+)` \| ([^|]+) \|$")
+TOPOLOGY_REQUIRED = {
+    "trainer.devices",
+    "rollout.engine.devices",
+    "rollout.mode",
+    "rollout.max_staleness",
+    "algorithm.loss",
 }
 
 
@@ -60,3 +71,24 @@ def test_a_row_that_disagrees_is_caught():
     # The comparison itself: a staleness of 2 in the docs is not the config's 0, 1e-6 not 2e-6.
     assert not same("2", 0) and not same("1.0e-6", 2.0e-6) and not same("ppo", "ppo_engine_is")
     assert same("2.0e-6", 2.0e-6) and same("0", 0) and same("sync", "sync")
+
+
+def _composed(experiment: str):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[f"experiment={experiment}"])
+
+
+def test_training_md_states_the_1p7_topology_the_config_composes():
+    text = (ROOT / "docs" / "training.md").read_text()
+    rows = (TOPOLOGY_ROW.match(line.strip()) for line in text.splitlines())
+    documented = {m.group(3): m.group(4).strip() for m in rows if m}
+    assert documented.keys() >= TOPOLOGY_REQUIRED, sorted(TOPOLOGY_REQUIRED - documented.keys())
+    cfg = _composed("paragrpo_1p7")
+    wrong = {
+        key: (cell, OmegaConf.select(cfg, key, default="<absent>"))
+        for key, cell in documented.items()
+        if not same(cell, OmegaConf.select(cfg, key, default="<absent>"))
+    }
+    assert not wrong, f"docs/training.md (documented, composed): {wrong}"
+    # the two roles fill one 8-GPU node, as the reference's d1 + d7
+    assert cfg.trainer.devices + len(cfg.rollout.engine.devices) == 8

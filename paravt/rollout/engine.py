@@ -114,10 +114,11 @@ class EngineConfig:
     seed: int = 0
     # vllm_server only (paravt.rollout.server_client): running servers' URLs, or none to start
     # `num_servers` with `server_python` ("auto": this interpreter if it has vLLM, else
-    # .venv-vllm's); `sync_dir`: where full checkpoints go for the servers ("": /dev/shm).
+    # .venv-vllm's) on the GPU ids `devices` (num_servers x tensor_parallel_size of them, none of
+    # the trainer's; empty: inherit); `sync_dir`: where full checkpoints go ("": /dev/shm).
     server_urls: tuple[str, ...] = ()
     num_servers: int = 1
-    server_devices: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of each started server
+    devices: tuple[int, ...] = ()
     server_python: str = "auto"
     sync_dir: str = ""
     server_log_dir: str = ""
@@ -126,15 +127,24 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "server_urls", tuple(self.server_urls or ()))
-        object.__setattr__(self, "server_devices", tuple(str(d) for d in self.server_devices or ()))
-        if self.server_devices and len(self.server_devices) != self.num_servers:
+        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices or ()))
+        need = self.num_servers * self.tensor_parallel_size
+        if self.devices and not self.server_urls and len(self.devices) != need:
             raise ValueError(
-                f"rollout.engine.server_devices names {len(self.server_devices)} device set(s) "
-                f"for num_servers={self.num_servers}: give one per server (e.g. ['7'] or "
-                "['6,7'] for a tensor-parallel pair) or none"
+                f"rollout.engine.devices={list(self.devices)} names {len(self.devices)} GPU(s) "
+                f"for num_servers={self.num_servers} x tensor_parallel_size="
+                f"{self.tensor_parallel_size}: give {need} ids or none"
             )
         if self.num_servers < 1 and not self.server_urls:
             raise ValueError(f"num_servers must be >= 1, got {self.num_servers}")
+
+    def server_gpus(self, i: int) -> str | None:
+        """CUDA_VISIBLE_DEVICES of started server `i`: its tensor_parallel_size ids of `devices`
+        in order; None (inherit) when `devices` is empty."""
+        if not self.devices:
+            return None
+        tp = self.tensor_parallel_size
+        return ",".join(str(d) for d in self.devices[i * tp : (i + 1) * tp])
         if self.mm_processor_cache_gb < 0:
             raise ValueError(
                 f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"

@@ -135,7 +135,7 @@ def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights)
     servers = []
     try:
         for i in range(cfg.num_servers):
-            devices = cfg.server_devices[i] if cfg.server_devices else None
+            devices = cfg.server_gpus(i)
             timeout = cfg.server_start_timeout_s
             servers.append(start_server(path, cfg, python, log_dir, timeout, devices))
         return ServerEngine([s.url for s in servers], cfg, servers, manifest)

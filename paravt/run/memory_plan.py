@@ -5,8 +5,11 @@ shards of the fp32 master weights, gradients and AdamW moments over W = devices 
 ranks, the frozen reference, each rank's unsharded rollout engine with its KV cache, and the
 training activations of one micro-batch with and without activation checkpointing. The step has
 two phases that do not overlap in time: rollout (engine KV cache) then update (activations);
-the peak is the resident state plus the larger phase. Estimates from formulas, not measurements:
-the status table of `docs/development.md` says which figures a GPU run has confirmed.
+the peak is the resident state plus the larger phase. With the rollouts on generation servers
+(`rollout/engine=vllm_server`) the trainer's GPUs hold no engine, and each server GPU gets a plan
+of its own (`server_plan`: its weights and the KV cache vLLM reserves). Estimates from formulas,
+not measurements: the status table of `docs/development.md`
+says which figures a GPU run has confirmed.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ class PlanInputs:
     kl: bool
     freeze_vision: bool
     adam_bytes: int  # bytes of optimiser state per trainable parameter (AdamW fp32: 8)
-    engine: str  # "hf" | "vllm"
+    engine: str  # "hf" | "vllm" | "vllm_server" (generation apart: no engine on these GPUs)
     vllm_share: float  # gpu_memory_utilization
     sleep_mode: bool
     checkpointing: bool
@@ -145,11 +148,28 @@ class PlanInputs:
     engine_dtype: str = "bfloat16"  # the engine's weights and KV cache (rollout.engine.dtype)
 
 
+def _engine_items(size: ModelSize, x: PlanInputs) -> tuple[dict[str, float], float, float]:
+    """The rollout engine's resident bytes on a trainer GPU, the KV cache its rollout phase
+    adds on top, and the KV cache all of a rank's rollouts need at full length."""
+    if x.engine == "vllm_server":  # on the servers' own GPUs (`server_plan`)
+        return {}, 0.0, 0.0
+    p = size.total_params
+    nbytes, short = DTYPES[x.engine_dtype]
+    kv_token = size.kv_bytes_per_token // 2 * nbytes
+    kv_need = x.prompts_per_rank * x.group_size * x.max_total_tokens * kv_token
+    weights_key = f"engine weights {short} (" + ("vLLM, " if x.engine == "vllm" else "own ")
+    items = {weights_key + "full copy)": nbytes * p}  # every parameter, vision tower included
+    if x.engine != "vllm":
+        return items, kv_need, kv_need
+    # gpu_memory_utilization caps weights + KV cache together
+    items["engine KV cache (vLLM reservation)"] = max(x.vllm_share * x.gpu_gb * 1e9 - nbytes * p, 0)
+    return items, 0.0, kv_need
+
+
 def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
     """Bytes per GPU of each item, the phases and the peak (keys as printed)."""
     w, p = x.world, size.total_params
     trainable = size.lm_params if x.freeze_vision else p
-    gpu = x.gpu_gb * 1e9
     t = max(x.micro_batch_tokens, x.max_total_tokens)  # one trajectory never splits
     layer_acts = (
         t * (6 * size.hidden + 2 * size.kv_heads * size.head_dim + 4 * size.intermediate) * 2
@@ -161,37 +181,27 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
         "reference bf16 (sharded)": 2 * p / w if x.kl else 0.0,
         "gathered bf16 layers (2 in flight)": 2 * 2 * size.layer_params,
     }
-    nbytes, short = DTYPES[x.engine_dtype]
-    kv_token = size.kv_bytes_per_token // 2 * nbytes
-    kv_need = x.prompts_per_rank * x.group_size * x.max_total_tokens * kv_token
-    weights_key = f"engine weights {short} (" + ("vLLM, " if x.engine == "vllm" else "own ")
-    weights_key += "full copy)"
-    out[weights_key] = nbytes * p  # every parameter, vision tower included
-    if x.engine == "vllm":  # gpu_memory_utilization caps weights + KV cache together
-        out["engine KV cache (vLLM reservation)"] = max(x.vllm_share * gpu - nbytes * p, 0.0)
-        kv_phase = 0.0
-    else:
-        kv_phase = kv_need
+    engine, kv_phase, kv_need = _engine_items(size, x)
+    out |= engine
     # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
     # set is about three [chunk, V] fp32 buffers (docs/performance.md, measured on CPU).
     logits = 3 * min(t, HEAD_CHUNK) * size.vocab * 4
     act_ckpt = size.layers * t * size.hidden * 2 + layer_acts + logits
     act_full = size.layers * layer_acts + logits
     resident = sum(out.values())
-    if x.engine == "vllm" and x.sleep_mode:  # asleep during the update: weights + KV released
-        resident_update = resident - out[weights_key] - out["engine KV cache (vLLM reservation)"]
-    else:
-        resident_update = resident
+    asleep = x.engine == "vllm" and x.sleep_mode  # weights + KV released during the update
+    resident_update = resident - sum(engine.values()) if asleep else resident
     acts = act_ckpt if x.checkpointing else act_full
+    if x.engine != "vllm_server":
+        out["rollout: KV cache needed at max_total_tokens"] = kv_need
     out |= {
-        "rollout: KV cache needed at max_total_tokens": kv_need,
         "update: activations, checkpointing": act_ckpt,
         "update: activations, no checkpointing": act_full,
         "peak rollout phase": resident + kv_phase,
         "peak update phase": resident_update + acts,
     }
     out["peak"] = max(out["peak rollout phase"], out["peak update phase"])
-    out["gpu"] = gpu
+    out["gpu"] = x.gpu_gb * 1e9
     return out
 
 
@@ -209,7 +219,7 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
             continue
         lines.append(f"  {key:<48} {value / GIB:8.1f} GiB")
     reserved = numbers.get("engine KV cache (vLLM reservation)")
-    need = numbers["rollout: KV cache needed at max_total_tokens"]
+    need = numbers.get("rollout: KV cache needed at max_total_tokens", 0.0)
     if reserved is not None and reserved < need:
         lines.append(
             f"  note: vLLM's KV reservation ({reserved / GIB:.1f} GiB) is below what all of a "
@@ -220,5 +230,65 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
     lines.append(
         f"  peak ({used} activation checkpointing) {numbers['peak'] / GIB:.1f} GiB of "
         f"{numbers['gpu'] / GIB:.1f} GiB ({x.gpu_gb:g} GB GPU); estimates, not measurements"
+    )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ServerInputs:
+    """What of the config one generation server's plan reads (`rollout/engine=vllm_server`)."""
+
+    tensor_parallel: int  # GPUs of one server (rollout.engine.tensor_parallel_size)
+    gpu_share: float  # gpu_memory_utilization: vLLM's cap on its weights + KV cache together
+    max_num_seqs: int  # sequences the server runs at once
+    max_model_len: int  # tokens of one trajectory, prompt and every turn
+    gpu_gb: float
+    dtype: str = "bfloat16"
+
+
+SERVER_KV = "server KV cache (vLLM reservation)"
+
+
+def server_plan(size: ModelSize, s: ServerInputs) -> dict[str, float]:
+    """Bytes per GPU of one generation server: its share of the weights (tensor parallelism
+    splits layers, embeddings and KV heads), the KV cache vLLM reserves in what
+    `gpu_memory_utilization` leaves, and the KV cache of one and of `max_num_seqs`
+    full-length trajectories. vLLM's own profiling (activations of its largest batch, the
+    vision encoder's) comes out of the reservation, so it is an upper bound."""
+    nbytes, short = DTYPES[s.dtype]
+    tp = s.tensor_parallel
+    weights = nbytes * size.total_params / tp
+    cap = s.gpu_share * s.gpu_gb * 1e9
+    one = s.max_model_len * size.kv_bytes_per_token // 2 * nbytes / tp
+    return {
+        f"server weights {short} (1/{tp} of the model)": weights,
+        SERVER_KV: max(cap - weights, 0.0),
+        "KV cache of one trajectory at max_model_len": one,
+        f"KV cache of max_num_seqs={s.max_num_seqs} at max_model_len": s.max_num_seqs * one,
+        "peak (gpu_memory_utilization x GPU)": cap,
+        "gpu": s.gpu_gb * 1e9,
+    }
+
+
+def format_server_plan(size: ModelSize, s: ServerInputs, numbers: dict[str, float]) -> str:
+    """One server GPU's plan as `paravt check-recipe` prints it (GiB)."""
+    lines = [
+        f"memory plan per generation-server GPU: {size.name}, {s.tensor_parallel} GPU(s) a "
+        f"server, up to {s.max_num_seqs} sequences at once, {s.max_model_len} tokens each "
+        f"({DTYPES[s.dtype][1]})"
+    ]
+    lines += [
+        f"  {key:<48} {value / GIB:8.1f} GiB" for key, value in numbers.items() if key != "gpu"
+    ]
+    one = numbers["KV cache of one trajectory at max_model_len"]
+    fits = int(numbers[SERVER_KV] // one) if one else 0
+    if fits < s.max_num_seqs:
+        lines.append(
+            f"  note: the reservation holds {fits} full-length trajectories at once; shorter "
+            f"ones share it up to max_num_seqs={s.max_num_seqs}, the rest wait in vLLM's queue"
+        )
+    lines.append(
+        f"  peak {numbers['peak (gpu_memory_utilization x GPU)'] / GIB:.1f} GiB of "
+        f"{numbers['gpu'] / GIB:.1f} GiB ({s.gpu_gb:g} GB GPU); estimates, not measurements"
     )
     return "\n".join(lines)

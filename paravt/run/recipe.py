@@ -3,20 +3,29 @@
 Composes the config exactly as `train.py` does (same conf/ folder, same overrides), then checks
 it against its world size W = trainer.devices x trainer.num_nodes without a GPU, a checkpoint
 or a process group: the checks below (`problems`), the files the run and its callbacks will
-open (`files_to_open`), and a per-GPU memory plan (`paravt.run.memory_plan`). Exit 0: runnable;
-exit 2: each problem printed with its fix. `train.py` runs the same `problems` at start-up.
+open (`files_to_open`), and a per-GPU memory plan (`paravt.run.memory_plan`). With the rollouts
+on generation servers (`rollout/engine=vllm_server`) the servers' GPUs are checked against the
+trainer's (`placement`: none shared, each named once, all on a node of `--gpus-per-node`) and a
+server GPU gets a memory plan of its own. Exit 0: runnable; exit 2: each problem printed with
+its fix. `train.py` runs the same `problems` at start-up (all but the node's GPU count and the
+memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+SERVER_ENGINE = "vllm_server"  # rollouts on generation servers apart from the trainer's GPUs
+# The keys of conf/rollout/engine/vllm_server.yaml the checks read: running servers' base URLs
+# (empty: paravt starts NUM of them), how many it starts, and the GPU ids it starts them on.
+URLS, NUM, DEVICES = "server_urls", "num_servers", "devices"
 HALF_PRECISION = {"bf16-true", "16-true", "bf16", "16", "half"}
 
 
@@ -33,11 +42,9 @@ class Problem:
 
 def world_size(cfg: DictConfig) -> int:
     trainer = cfg.trainer
-    devices = trainer.get("devices", 1)
-    devices = len(devices) if isinstance(devices, list | tuple) else devices
-    if not isinstance(devices, int):  # "auto" / -1: known only on the machine itself
-        devices = 1
-    return int(devices) * int(trainer.get("num_nodes", 1) or 1)
+    ids = trainer_device_ids(cfg)  # a list of ids (a ListConfig too) counts its GPUs
+    devices = len(ids) if ids is not None else 1  # "auto" / -1: known only on the machine
+    return max(devices, 1) * int(trainer.get("num_nodes", 1) or 1)
 
 
 def _sharded(cfg: DictConfig) -> bool:
@@ -46,7 +53,7 @@ def _sharded(cfg: DictConfig) -> bool:
 
 def _engine_problems(cfg: DictConfig, world: int) -> list[Problem]:
     engine, agent = cfg.rollout.engine, cfg.rollout.agent
-    if engine.get("name") != "vllm":
+    if engine.get("name") not in ("vllm", SERVER_ENGINE):
         return []
     out = []
     if int(engine.max_model_len) < int(agent.max_total_tokens):
@@ -60,7 +67,7 @@ def _engine_problems(cfg: DictConfig, world: int) -> list[Problem]:
             )
         )
     tp = int(engine.get("tensor_parallel_size", 1) or 1)
-    if tp > 1 and world > 1:
+    if engine.name == "vllm" and tp > 1 and world > 1:
         out.append(
             Problem(
                 f"rollout.engine.tensor_parallel_size={tp} under a {world}-rank data-parallel "
@@ -151,6 +158,147 @@ def _library_problems(cfg: DictConfig, world: int) -> list[Problem]:
     return out
 
 
+# ---- where the trainer and the generation servers run (rollout/engine=vllm_server) -----------
+def trainer_device_ids(cfg: DictConfig) -> list[int] | None:
+    """The GPU ids `trainer.devices` takes on each node: a list as given, a count n the first
+    n (Lightning's rule, and torchrun's LOCAL_RANK order), None where the machine decides
+    ("auto", -1)."""
+    devices = cfg.trainer.get("devices", 1)
+    if isinstance(devices, str) and "," in devices:
+        devices = [d for d in devices.split(",") if d.strip()]
+    if isinstance(devices, list | tuple) or OmegaConf.is_list(devices):
+        return [int(d) for d in devices]
+    try:
+        count = int(devices)
+    except (TypeError, ValueError):
+        return None
+    return list(range(count)) if count >= 0 else None
+
+
+def generation_devices(cfg: DictConfig) -> list[int]:
+    """GPU ids of the generation servers paravt starts beside the trainer: none when the
+    rollouts run in the trainer, or when `rollout.engine.server_urls` names running servers."""
+    engine = cfg.rollout.engine
+    if engine.get("name") != SERVER_ENGINE or engine.get(URLS):
+        return []
+    return [int(d) for d in engine.get(DEVICES) or []]
+
+
+def _span(ids: list[int]) -> str:
+    """GPU ids as printed: 0-6 for a run of them, else the list."""
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return str(ids[0]) if len(ids) == 1 else str(ids)
+
+
+def _free_ids(taken: list[int], n: int) -> list[int]:
+    """The n lowest GPU ids not in `taken` (the fix's suggestion)."""
+    free = (i for i in itertools.count() if i not in taken)
+    return list(itertools.islice(free, n))
+
+
+def _server_problems(cfg: DictConfig) -> list[Problem]:
+    """Servers paravt starts: as many GPUs as servers x tensor_parallel_size, each named once,
+    none of them the trainer's."""
+    engine = cfg.rollout.engine
+    if engine.get("name") != SERVER_ENGINE or engine.get(URLS):
+        return []
+    servers = int(engine.get(NUM, 1) or 0)
+    need = servers * int(engine.get("tensor_parallel_size", 1) or 1)
+    gen, trainer = generation_devices(cfg), trainer_device_ids(cfg) or []
+    if servers < 1:
+        return [
+            Problem(
+                f"rollout/engine=vllm_server with no rollout.engine.{URLS} and "
+                f"rollout.engine.{NUM}={servers}: nothing would generate",
+                f"rollout.engine.{NUM}=1 rollout.engine.{DEVICES}={_free_ids(trainer, 1)} "
+                f"(paravt starts it) or rollout.engine.{URLS}=[http://HOST:PORT] (running servers)",
+            )
+        ]
+    if cfg.trainer.get("accelerator") != "gpu":  # on a CPU the servers share its cores
+        return []
+    out = []
+    if len(gen) != need:
+        out.append(
+            Problem(
+                f"rollout.engine.{DEVICES}={gen} names {len(gen)} GPU(s) for "
+                f"rollout.engine.{NUM}={servers} x tensor_parallel_size = {need}",
+                f"rollout.engine.{DEVICES}={_free_ids(trainer, need)}",
+            )
+        )
+    twice = sorted({d for d in gen if gen.count(d) > 1})
+    if twice:
+        out.append(
+            Problem(f"rollout.engine.{DEVICES} names GPU(s) {twice} twice", "one id per GPU")
+        )
+    shared = sorted(set(gen) & set(trainer))
+    if shared:
+        out.append(
+            Problem(
+                f"GPU(s) {shared} would hold both a trainer rank (trainer.devices="
+                f"{cfg.trainer.devices} takes GPUs {_span(trainer)}) and a generation server "
+                f"(rollout.engine.{DEVICES}={gen})",
+                _overlap_fix(trainer, gen),
+            )
+        )
+    return out
+
+
+def _overlap_fix(trainer: list[int], gen: list[int]) -> str:
+    """Fewer trainer ranks when the trainer takes the first n GPUs and the servers sit above
+    some of them; else other GPU ids for the servers."""
+    if trainer == list(range(len(trainer))) and min(gen) > 0:
+        return f"trainer.devices={min(gen)} (GPUs {_span(list(range(min(gen))))})"
+    return f"rollout.engine.{DEVICES}={_free_ids(trainer, len(gen))}"
+
+
+def device_count_problems(cfg: DictConfig, gpus_per_node: int) -> list[Problem]:
+    """The trainer's GPUs and the servers paravt starts beside it must exist on a node of
+    `gpus_per_node` GPUs (`paravt check-recipe --gpus-per-node`)."""
+    trainer = trainer_device_ids(cfg)
+    if cfg.trainer.get("accelerator") != "gpu" or trainer is None:
+        return []
+    gen = generation_devices(cfg)
+    used = len(trainer) + len(gen)
+    if used > gpus_per_node:
+        what = f"trainer.devices={cfg.trainer.devices}"
+        what += f" and rollout.engine.{DEVICES}={gen}" if gen else ""
+        spare = gpus_per_node - len(gen)
+        return [
+            Problem(
+                f"{what} need {used} GPUs on a node of {gpus_per_node} (--gpus-per-node)",
+                f"trainer.devices={spare}"
+                + (f", or servers on other machines: rollout.engine.{URLS}=[...]" if gen else ""),
+            )
+        ]
+    missing = sorted(d for d in set(trainer) | set(gen) if d >= gpus_per_node)
+    if missing:
+        return [
+            Problem(
+                f"GPU id(s) {missing} do not exist on a node of {gpus_per_node} GPUs "
+                f"(ids 0 to {gpus_per_node - 1})",
+                f"ids below {gpus_per_node} in trainer.devices / rollout.engine.{DEVICES}",
+            )
+        ]
+    return []
+
+
+def placement(cfg: DictConfig) -> str:
+    """Where the trainer's ranks and the rollouts run, as `paravt check-recipe` prints it."""
+    trainer, nodes = trainer_device_ids(cfg), int(cfg.trainer.get("num_nodes", 1) or 1)
+    where = f"GPUs {_span(trainer)}" if trainer else f"devices={cfg.trainer.get('devices')}"
+    if cfg.trainer.get("accelerator") != "gpu":
+        where = f"{cfg.trainer.get('accelerator')} devices={cfg.trainer.get('devices')}"
+    text = f"placement: trainer on {where} of each of {nodes} node(s); rollouts "
+    engine = cfg.rollout.engine
+    if engine.get("name") != SERVER_ENGINE:
+        return text + f"in the trainer's processes (rollout/engine={engine.get('name')})"
+    if engine.get(URLS):
+        return text + f"on {len(engine[URLS])} running server(s) at rollout.engine.{URLS}"
+    servers = int(engine.get(NUM, 1) or 0)
+    return text + f"on {servers} server(s) paravt starts on GPU(s) {generation_devices(cfg)}"
+
+
 def problems(cfg: DictConfig) -> list[Problem]:
     """Every reason `cfg` cannot run on W = devices x num_nodes ranks (empty: it can)."""
     if cfg.get("stage", "rl") == "sft":
@@ -160,7 +308,7 @@ def problems(cfg: DictConfig) -> list[Problem]:
     if int(cfg.data.get("batch_size", 1)) < 1:
         out.append(Problem("data.batch_size must be >= 1", "data.batch_size=7"))
     out += _trainer_problems(cfg, world) + _engine_problems(cfg, world)
-    return out + _library_problems(cfg, world)
+    return out + _server_problems(cfg) + _library_problems(cfg, world)
 
 
 def missing_installs(cfg: DictConfig) -> list[Problem]:
@@ -191,6 +339,12 @@ def notes(cfg: DictConfig) -> list[str]:
         out.append(
             f"{b} prompts over {world} ranks: shares of {math.ceil(b / world)} or {b // world} "
             f"prompts{idle} (zero-weight passes; the update equals one rank's)"
+        )
+    engine, nodes = cfg.rollout.engine, int(cfg.trainer.get("num_nodes", 1) or 1)
+    if engine.get("name") == SERVER_ENGINE and not engine.get(URLS) and nodes > 1:
+        out.append(
+            f"trainer.num_nodes={nodes} with servers paravt starts: for a multi-node run start "
+            f"the servers apart and give them in rollout.engine.{URLS} (docs/training.md)"
         )
     if world > 1 and int(cfg.algorithm.get("ppo_mini_batches", 1)) > 1:
         out.append(
@@ -303,11 +457,53 @@ def memory_report(
     return text, [Problem(f"the memory plan needs {need}, more than a {gpu_gb:g} GB GPU", fix)]
 
 
-def check(overrides: list[str], gpu_gb: float, require_files: bool) -> tuple[str, int]:
+def server_report(cfg: DictConfig, gpu_gb: float) -> tuple[str, list[Problem]]:
+    """The plan of one generation-server GPU (`rollout/engine=vllm_server`), and the problems
+    that stop vLLM at start-up: weights above its memory share, or no room in the rest for
+    the KV cache of one `max_model_len` sequence."""
+    from paravt.run.memory_plan import (
+        GIB,
+        SERVER_KV,
+        ServerInputs,
+        format_server_plan,
+        model_size,
+        server_plan,
+    )
+
+    engine, size = cfg.rollout.engine, model_size(cfg.model)
+    if engine.get("name") != SERVER_ENGINE or size is None:
+        return "", []
+    x = ServerInputs(
+        tensor_parallel=int(engine.get("tensor_parallel_size", 1) or 1),
+        gpu_share=float(engine.get("gpu_memory_utilization", 0.9) or 0.9),
+        max_num_seqs=int(engine.get("max_num_seqs", 64)),
+        max_model_len=int(engine.max_model_len),
+        gpu_gb=gpu_gb,
+        dtype=plan_engine_dtype(cfg),
+    )
+    numbers = server_plan(size, x)
+    one = numbers["KV cache of one trajectory at max_model_len"]
+    if numbers[SERVER_KV] >= one:
+        return format_server_plan(size, x, numbers), []
+    what = (
+        f"a generation server's KV reservation ({numbers[SERVER_KV] / GIB:.1f} GiB) holds no "
+        f"{x.max_model_len}-token sequence ({one / GIB:.1f} GiB): vLLM refuses to start"
+    )
+    fix = (
+        "a higher rollout.engine.gpu_memory_utilization, rollout.engine.tensor_parallel_size=2 "
+        f"with twice the rollout.engine.{DEVICES}, or a lower rollout.engine.max_model_len"
+    )
+    return format_server_plan(size, x, numbers), [Problem(what, fix)]
+
+
+def check(
+    overrides: list[str], gpu_gb: float, require_files: bool, gpus_per_node: int = 8
+) -> tuple[str, int]:
     """(report, exit code) for one job's overrides."""
     cfg = compose(overrides)
-    found = problems(cfg)
+    found = problems(cfg) + device_count_problems(cfg, gpus_per_node)
     lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
+    lines.append(placement(cfg))
     lines += [f"note: {n}" for n in notes(cfg)]
     lines += [f"note: to run it here: {p}" for p in missing_installs(cfg)]
     for key, path in files_to_open(cfg):
@@ -317,8 +513,9 @@ def check(overrides: list[str], gpu_gb: float, require_files: bool) -> tuple[str
             found.append(Problem(f"{key} names {path}, which does not exist", f"{key}=<a path>"))
     if cfg.get("stage", "rl") != "sft":
         text, over = memory_report(cfg, gpu_gb, overrides)
-        lines.append(text)
-        found += over
+        server_text, server_over = server_report(cfg, gpu_gb)
+        lines += [text, server_text] if server_text else [text]
+        found += over + server_over
     lines += [f"ERROR: {p}" for p in found]
     lines.append("recipe OK" if not found else f"recipe cannot run: {len(found)} problem(s)")
     return "\n".join(lines), 2 if found else 0
@@ -328,9 +525,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="paravt check-recipe",
         description="Compose train.py's config from the same overrides and check it against "
-        "devices x num_nodes ranks: errors with fixes (exit 2), a per-GPU memory plan.",
+        "devices x num_nodes ranks and the generation servers' GPUs: errors with fixes (exit "
+        "2), a per-GPU memory plan of each role.",
     )
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory in GB (80)")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs of each node, for the trainer's and the generation servers' devices (8)",
+    )
     parser.add_argument(
         "--require-files", action="store_true", help="missing model/data files are errors"
     )
@@ -338,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [o for o in overrides if o not in ("-m", "--multirun")]
     code = 0
     for job in expand_sweep(overrides):
-        report, job_code = check(job, args.gpu_gb, args.require_files)
+        report, job_code = check(job, args.gpu_gb, args.require_files, args.gpus_per_node)
         print(report)
         code = max(code, job_code)
     return code

@@ -37,8 +37,10 @@ def test_distributed_experiments_instantiate_their_trainer(name, tmp_path):
     cfg = compose_cfg([f"experiment={name}", f"run_dir={tmp_path}"])
     assert cfg.trainer.use_distributed_sampler is False
     assert isinstance(instantiate(cfg.trainer.strategy), ModelParallelStrategy)
-    # Its CPU twin (same strategy, 2 gloo processes) builds a whole Trainer here.
-    cpu = compose_cfg([f"experiment={name}", f"run_dir={tmp_path}", "trainer=fsdp_cpu"])
+    # Its CPU twin (same strategy, 2 gloo processes) builds a whole Trainer here; the devices
+    # are set again since an experiment may set its own (experiment=paragrpo_1p7: 7).
+    twin = ["trainer=fsdp_cpu", "trainer.devices=2"]
+    cpu = compose_cfg([f"experiment={name}", f"run_dir={tmp_path}", *twin])
     trainer = instantiate(cpu.trainer, logger=False, enable_checkpointing=False)
     assert isinstance(trainer.strategy, ModelParallelStrategy)
     assert trainer.num_devices == 2 and type(trainer.accelerator).__name__ == "CPUAccelerator"

@@ -5,6 +5,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from paravt.rewards.accuracy import accuracy_reward
 from paravt.rewards.judge import LLMJudge, parse_verdict
 from tests.loopback import send, serve
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 # Path prefix -> what the server does; the judge's base_url picks the behaviour.
 REPLIES = {
@@ -100,6 +103,22 @@ def test_request_is_an_openai_chat_completion(server_url: str) -> None:
     user = payload["messages"][1]["content"]
     assert "What colour?" in user and "crimson" in user and "red" in user
     assert (judge.num_calls, judge.num_fallbacks) == (1, 0)
+
+
+def test_the_judge_group_sends_extra_body_given_on_the_command_line(server_url: str) -> None:
+    """`judge=openai judge.client.extra_body={...}` as train.py and evaluate.py build it: the
+    fields reach the request (Hydra's DictConfig is not JSON: every answer fell back before)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    overrides = ["judge=openai", f"judge.client.base_url='{server_url}/correct/v1'"]
+    overrides.append("judge.client.extra_body={structured_outputs:{choice:[CORRECT,INCORRECT]}}")
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        judge = instantiate(compose("train", overrides=overrides).judge.client)  # as build.py
+    assert judge("crimson", "red") == 1.0, judge.last_error
+    payload = _Handler.requests[-1][2]
+    assert payload["structured_outputs"] == {"choice": ["CORRECT", "INCORRECT"]}
+    assert judge.num_fallbacks == 0
 
 
 def test_no_api_key_sends_no_authorization(server_url: str) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeFailure, JudgeGuard
+from paravt.types import Sample, Trajectory, Turn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,12 +36,15 @@ def _free_port() -> int:
 
 
 def documented_server(model_dir, port: int) -> list[str]:
-    """docs/evaluation.md's judge server command as written, serving `model_dir` as JUDGE_DIR on
-    `port`, plus what the tiny model on a shared CPU needs: loopback only, eager mode (no
-    compilation), a short context and no media inputs."""
-    text = (ROOT / "docs" / "evaluation.md").read_text()
-    line = re.search(r"^python -m vllm\.entrypoints\.openai\.api_server .*$", text, re.M)
-    assert line, "docs/evaluation.md shows no `python -m vllm.entrypoints.openai.api_server` line"
+    """The judge server command the docs show (`python -m vllm.entrypoints.openai.api_server
+    --model JUDGE_DIR ...`, on whichever page of docs/ holds it) as written, serving `model_dir`
+    as JUDGE_DIR on `port`, plus what the tiny model on a shared CPU needs: loopback only, eager
+    mode (no compilation), a short context and no media inputs."""
+    command = r"^python -m vllm\.entrypoints\.openai\.api_server .*JUDGE_DIR.*$"
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    found = [m for page in pages for m in re.finditer(command, page.read_text(), re.M)]
+    assert found, "docs/ shows no `python -m vllm.entrypoints.openai.api_server` judge command"
+    line = found[0]
     argv = [str(model_dir) if a == "JUDGE_DIR" else a for a in shlex.split(line.group(0))]
     argv[argv.index("--port") + 1] = str(port)
     cpu = ["--host", "127.0.0.1", "--max-model-len", "1024", "--enforce-eager"]
@@ -117,3 +121,42 @@ def test_an_unknown_model_name_is_a_client_error_not_retried(server):
     assert judge("red", "red car") == pytest.approx(2 / 3)  # token F1 fallback
     assert time.monotonic() - started < 5.0  # a 404 is not retried with backoff
     assert "404" in judge.last_error
+
+
+def _answer(sample: Sample, text: str) -> Trajectory:
+    turn = Turn(text=f"<think>I looked.</think><answer>{text}</answer>")
+    return Trajectory(sample.id, 0, (), (), (), (), 0, turns=(turn,))
+
+
+def test_the_judge_group_as_train_py_builds_it_scores_a_step(server):
+    """`judge=openai` composed as train.py composes it (pointed at the server, structured
+    outputs passed through `judge.client.extra_body` on the command line), built by train.py's
+    glue, judging one step's rewards: multiple-choice answers and exact matches never reach
+    the server, each other open-ended answer is judged there without a fallback."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from paravt.rewards.judged import judged_rewards
+    from paravt.run.build import _judge
+
+    choice = "{structured_outputs:{choice:[CORRECT,PARTIAL,INCORRECT]}}"
+    overrides = ["judge=openai", f"judge.client.base_url='{server}'", "judge.client.model=judge"]
+    overrides += [f"judge.client.extra_body={choice}", "judge.client.timeout=120"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    built = _judge(cfg)
+    judge, guard = built["judge"], built["judge_guard"]
+    assert judge.endpoint == f"{server}/chat/completions" and judge.extra_body == CHOICE
+    q = "What colour is the square?"
+    samples = [
+        Sample("oe1", "", q, "red", "oe"),
+        Sample("oe2", "", q, "red", "oe"),
+        Sample("exact", "", q, "red", "oe"),
+        Sample("mcq", "", f"{q} A. red B. blue", "A", "mcq", options=("red", "blue")),
+    ]
+    answers = ["a crimson square", "blue", "red", "B"]
+    trajs = [_answer(s, a) for s, a in zip(samples, answers, strict=True)]
+    rewards, metrics = judged_rewards(trajs, samples, instantiate(cfg.reward), judge, guard)
+    assert (metrics["judge/calls"], metrics["judge/fallbacks"]) == (2, 0), judge.last_error
+    assert rewards[0].accuracy in {0.0, 0.5, 1.0} and rewards[1].accuracy in {0.0, 0.5, 1.0}
+    assert (rewards[2].accuracy, rewards[3].accuracy) == (1.0, 0.0)  # not asked
