@@ -222,10 +222,15 @@ def test_an_interpreter_without_vllm_is_refused_naming_the_fix():
         server_python(sys.executable)
 
 
-def test_server_devices_are_one_set_per_started_server():
+def test_started_servers_get_their_tensor_parallel_share_of_devices():
     from paravt.rollout.engine import EngineConfig
 
-    cfg = EngineConfig(name="vllm_server", num_servers=2, server_devices=[6, "7"])
-    assert cfg.server_devices == ("6", "7")
-    with pytest.raises(ValueError, match=r"names 1 device set\(s\) for num_servers=2"):
-        EngineConfig(name="vllm_server", num_servers=2, server_devices=["7"])
+    cfg = EngineConfig(
+        name="vllm_server", num_servers=2, tensor_parallel_size=2, devices=[4, 5, 6, "7"]
+    )
+    assert [cfg.server_gpus(0), cfg.server_gpus(1)] == ["4,5", "6,7"]
+    assert EngineConfig(name="vllm_server").server_gpus(0) is None  # empty: inherit
+    with pytest.raises(
+        ValueError, match=r"names 1 GPU\(s\) for num_servers=2 x tensor_parallel_size=1"
+    ):
+        EngineConfig(name="vllm_server", num_servers=2, devices=[7])
