@@ -165,6 +165,12 @@ def test_partial_rollouts_refuse_a_whole_trajectory_ratio():
     from paravt.modules.async_rollouts import check_partial
     from paravt.rl.algorithm import AlgorithmConfig
 
-    check_partial(AlgorithmConfig(engine_is_correction="tis", engine_is_level="token"))
+    check_partial(
+        AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="tis", engine_is_level="token")
+    )
     with pytest.raises(ValueError, match="engine_is_level=token"):
-        check_partial(AlgorithmConfig(engine_is_correction="mis", engine_is_level="sequence"))
+        check_partial(
+            AlgorithmConfig(
+                loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="sequence"
+            )
+        )
