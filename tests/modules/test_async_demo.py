@@ -1,5 +1,6 @@
 """The demo still learns in async mode (a generator process one step ahead, the decoupled
-loss; and with partial rollouts, trajectories resumed across weight syncs), as a user runs it: `python train.py rollout.mode=async ...` from an empty
+loss; and with partial rollouts, trajectories resumed across weight syncs), as a user runs it:
+`python train.py rollout.mode=async ...` from an empty
 folder, the summary's held-out gain over both frame budgets read from its output."""
 
 from __future__ import annotations

@@ -274,8 +274,8 @@ def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_over
     events = max(run_dir.rglob("events.out.tfevents*"), key=lambda p: p.stat().st_mtime)
     acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
     acc.Reload()
-    assert [e.value for e in acc.Scalars("weight_version")][0] == step
-    assert [e.value for e in acc.Scalars("rollout/token_staleness_max")][0] == 0.0
+    assert next(e.value for e in acc.Scalars("weight_version")) == step
+    assert next(e.value for e in acc.Scalars("rollout/token_staleness_max")) == 0.0
 
 
 def _children_of(pid: int) -> list[int]:
