@@ -17,7 +17,7 @@ sampled by an older policy than the trainer's, the share of trajectories with to
 policies, and the generator's busy time per step. The log-probs of the scripted tokens are 0, so
 nothing here learns: it measures the schedule only.
 
-    python benchmarks/partial_rollouts.py [--steps 14] [--warmup 2] [--prompts 2] [--group 4]
+    python benchmarks/partial_rollouts.py [--steps 10] [--warmup 2] [--prompts 2] [--group 4]
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def task(step: int, prompts, group: int) -> GenTask:
 
 
 def summary(ends, waits, stale, mixed, busy, warmup: int) -> dict[str, float]:
+    print(f"  step ends (s): {[round(e - ends[0], 1) for e in ends]}", flush=True)
     wall = ends[-1] - ends[warmup - 1]
     n = len(ends) - warmup
     return {
@@ -222,7 +223,7 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step (B)")
     p.add_argument("--group", type=int, default=4, help="rollouts per prompt (G)")
@@ -237,11 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             for s in ps
             for g in range(args.group)
         ]
-        rows = {
-            "sync": run_sync(spec, prompts, args.group, args.warmup),
-            "async": run_async(spec, prompts, args.group, args.warmup, partial=False),
-            "async+partial": run_async(spec, prompts, args.group, args.warmup, partial=True),
-        }
+        rows = {}
+        for mode in ("sync", "async", "async+partial"):
+            print(f"{mode}: {args.steps} steps", flush=True)
+            if mode == "sync":
+                rows[mode] = run_sync(spec, prompts, args.group, args.warmup)
+            else:
+                partial = mode == "async+partial"
+                rows[mode] = run_async(spec, prompts, args.group, args.warmup, partial)
     hist = {n: turns.count(n) for n in sorted(set(turns))}
     print(f"turns per trajectory (count): {hist}; {args.prompts} x {args.group} rollouts a step")
     print(f"{'':<22}" + "".join(f"{m:>15}" for m in rows))
