@@ -213,6 +213,6 @@ def rollout_batch(dm, batch, module, got: tuple[GenTask, GenResult, float]) -> R
     if rank.rank != 0:
         counts |= dict.fromkeys(WHOLE_BATCH_COUNTS, 0.0)
         skipped = []
-    return dm.rollout_batch(
+    return dm.build_batch(
         batch, module, samples, budgets, trajs, skipped, result.version, timings, counts
     )

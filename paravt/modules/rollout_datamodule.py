@@ -253,11 +253,11 @@ class RolloutDataModule(PromptDataModule):
         self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
-        return self.rollout_batch(
+        return self.build_batch(
             batch, module, samples, budgets, trajs, skipped, version, timings, self.skip_counts()
         )
 
-    def rollout_batch(
+    def build_batch(
         self,
         batch: PromptBatch,
         module: RolloutPolicy,
