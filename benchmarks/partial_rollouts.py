@@ -144,7 +144,7 @@ def task(step: int, prompts, group: int) -> GenTask:
     return GenTask(step, prompts[step], (4,) * len(prompts[step]), group, params)
 
 
-def summary(ends, waits, stale, mixed, busy, warmup: int) -> dict[str, float]:
+def summary(ends, waits, stale, mixed, busy, updates, warmup: int) -> dict[str, float]:
     print(f"  step ends (s): {[round(e - ends[0], 1) for e in ends]}", flush=True)
     wall = ends[-1] - ends[warmup - 1]
     n = len(ends) - warmup
@@ -154,6 +154,7 @@ def summary(ends, waits, stale, mixed, busy, warmup: int) -> dict[str, float]:
         "older-policy tokens": sum(stale[warmup:]) / n,
         "mixed trajectories": sum(mixed[warmup:]) / n,
         "generator s/step": sum(busy[warmup:]) / n,
+        "trainer update s/step": sum(updates[warmup:]) / n,
     }
 
 
@@ -162,7 +163,7 @@ def run_sync(spec: PolicySpec, prompts, group: int, warmup: int) -> dict[str, fl
     tok = trainer.processor.tokenizer
     engine = TurnScript(TransformersEngine(trainer.policy, tok), tok)
     agent = AgentLoop(engine, ChatRenderer(trainer.processor), VideoReader(), AGENT, CropConfig())
-    ends, waits, stale, mixed, busy = [], [], [], [], []
+    ends, waits, stale, mixed, busy, updates = [], [], [], [], [], []
     for step in range(len(prompts)):
         engine.sync_weights(trainer.policy, trainer.version)
         t0 = time.perf_counter()
@@ -173,9 +174,9 @@ def run_sync(spec: PolicySpec, prompts, group: int, warmup: int) -> dict[str, fl
         m = version_metrics(trajs, trainer.version)
         stale.append(m["rollout/stale_token_frac"])
         mixed.append(m["rollout/mixed_version_frac"])
-        trainer.update(trajs)
+        updates.append(trainer.update(trajs))
         ends.append(time.perf_counter())
-    return summary(ends, waits, stale, mixed, busy, warmup)
+    return summary(ends, waits, stale, mixed, busy, updates, warmup)
 
 
 def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool):
@@ -196,7 +197,7 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
     gen = AsyncGenerator(gen_spec, weights, max_pending=STALENESS + 1, main=scripted_main)
     os.sched_setaffinity(0, set(mine))
     torch.set_num_threads(len(mine))
-    ends, waits, stale, mixed, busy = [], [], [], [], []
+    ends, waits, stale, mixed, busy, updates = [], [], [], [], [], []
     submitted = 0
     try:
         for step in range(len(prompts)):
@@ -212,13 +213,13 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
             mixed.append(m["rollout/mixed_version_frac"])
             if trainer.version - result.version > STALENESS:
                 raise RuntimeError(f"step {step}: the staleness bound was broken")
-            trainer.update(list(result.trajectories))
+            updates.append(trainer.update(list(result.trajectories)))
             ends.append(time.perf_counter())
     finally:
         gen.close()
         os.sched_setaffinity(0, set(cores))
         torch.set_num_threads(len(cores))
-    return summary(ends, waits, stale, mixed, busy, warmup)
+    return summary(ends, waits, stale, mixed, busy, updates, warmup)
 
 
 def main(argv: list[str] | None = None) -> int:
