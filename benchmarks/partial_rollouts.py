@@ -159,6 +159,19 @@ def summary(ends, waits, stale, mixed, busy, updates, warmup: int) -> dict[str, 
 
 
 def run_sync(spec: PolicySpec, prompts, group: int, warmup: int) -> dict[str, float]:
+    """Generation, then the update, in this process, with one torch thread (as each side of
+    the async modes has): on a shared 2-core machine two threads per op of a model this small
+    spend their time waiting on each other (a first run here: 94 s of generation a step with 2
+    threads, against 5 s for the async generator on 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _sync_steps(spec, prompts, group, warmup)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sync_steps(spec: PolicySpec, prompts, group: int, warmup: int) -> dict[str, float]:
     trainer = Trainer(spec)
     tok = trainer.processor.tokenizer
     engine = TurnScript(TransformersEngine(trainer.policy, tok), tok)
