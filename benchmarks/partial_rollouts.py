@@ -9,7 +9,8 @@ turns is the one drawn; crops run for real. The trainer makes one real update pe
 tiny model (a no-grad proximal pass, then the decoupled PPO loss's forward and backward and an
 AdamW step) and publishes its weights as `rollout.mode=async` does (`SharedWeights`). Async modes
 use the real generator process (`AsyncGenerator`, `serve_steps` or `serve_partial`), the
-staleness gate (`last_startable_step`, max_staleness 1) and the cores split in two.
+staleness gate (`last_startable_step`, `--max-staleness`, default 1) and the cores split in
+two.
 
 Printed per mode: steps per minute (after `--warmup` steps: spawning and start-up are left out),
 the trainer's idle fraction (time waiting for rollouts / wall time), the share of trained tokens
@@ -18,6 +19,7 @@ policies, and the generator's busy time per step. The log-probs of the scripted 
 nothing here learns: it measures the schedule only.
 
     python benchmarks/partial_rollouts.py [--steps 10] [--warmup 2] [--prompts 2] [--group 4]
+        [--max-staleness 1]
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from paravt.rollout.staleness import last_startable_step, version_metrics
 from paravt.video.reader import VideoReader
 
 AGENT = AgentConfig(max_rounds=5, max_new_tokens=48, max_total_tokens=8192)
-STALENESS = 1
 
 
 def turns_of(name: str) -> int:
@@ -192,7 +193,7 @@ def _sync_steps(spec: PolicySpec, prompts, group: int, warmup: int) -> dict[str,
     return summary(ends, waits, stale, mixed, busy, updates, warmup)
 
 
-def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool):
+def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool, staleness: int):
     trainer = Trainer(spec)
     cores = sorted(os.sched_getaffinity(0))
     mine, theirs = split_cores(cores, None)
@@ -207,7 +208,7 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
         threads=len(theirs),
         partial=partial,
     )
-    gen = AsyncGenerator(gen_spec, weights, max_pending=STALENESS + 1, main=scripted_main)
+    gen = AsyncGenerator(gen_spec, weights, max_pending=staleness + 1, main=scripted_main)
     os.sched_setaffinity(0, set(mine))
     torch.set_num_threads(len(mine))
     ends, waits, stale, mixed, busy, updates = [], [], [], [], [], []
@@ -215,7 +216,7 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
     try:
         for step in range(len(prompts)):
             weights.publish(trainer.policy, trainer.version)
-            while submitted <= min(last_startable_step(step, STALENESS, 1), len(prompts) - 1):
+            while submitted <= min(last_startable_step(step, staleness, 1), len(prompts) - 1):
                 gen.submit(task(submitted, prompts, group))
                 submitted += 1
             result, waited = gen.take(step)
@@ -224,7 +225,7 @@ def run_async(spec: PolicySpec, prompts, group: int, warmup: int, partial: bool)
             m = version_metrics(result.trajectories, trainer.version)
             stale.append(m["rollout/stale_token_frac"])
             mixed.append(m["rollout/mixed_version_frac"])
-            if trainer.version - result.version > STALENESS:
+            if trainer.version - result.version > staleness:
                 raise RuntimeError(f"step {step}: the staleness bound was broken")
             updates.append(trainer.update(list(result.trajectories)))
             ends.append(time.perf_counter())
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step (B)")
     p.add_argument("--group", type=int, default=4, help="rollouts per prompt (G)")
+    p.add_argument("--max-staleness", type=int, default=1, help="of both async modes")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         spec = PolicySpec(path=str(Path(tmp) / "tiny"), build_tiny="qwen3_vl")
@@ -259,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[mode] = run_sync(spec, prompts, args.group, args.warmup)
             else:
                 partial = mode == "async+partial"
-                rows[mode] = run_async(spec, prompts, args.group, args.warmup, partial)
+                rows[mode] = run_async(
+                    spec, prompts, args.group, args.warmup, partial, args.max_staleness
+                )
     hist = {n: turns.count(n) for n in sorted(set(turns))}
     print(f"turns per trajectory (count): {hist}; {args.prompts} x {args.group} rollouts a step")
     print(f"{'':<22}" + "".join(f"{m:>15}" for m in rows))
