@@ -31,6 +31,13 @@ def too_stale(trainer_version: int, sample_version: int, max_staleness: int) -> 
     return trainer_version - sample_version > max_staleness
 
 
+VERSION_METRICS = (
+    "rollout/stale_token_frac",
+    "rollout/token_staleness_max",
+    "rollout/mixed_version_frac",
+)
+
+
 def trained_versions(traj) -> list[int]:
     """The policy versions that sampled `traj`'s trained tokens (loss mask 1), sub-agent
     rollouts included; [] when the trajectory records none."""
@@ -49,11 +56,11 @@ def version_metrics(trajs, trainer_version: int) -> dict[str, float]:
     """How off-policy a step's trained tokens are when the trainer at `trainer_version` takes
     them: the share sampled by an older policy, the largest per-token staleness, and the share
     of trajectories whose tokens come from more than one policy (a partial rollout resumed
-    after a weight sync)."""
+    after a weight sync). All 0 without trained tokens: every rank logs the same keys."""
     per_traj = [trained_versions(t) for t in trajs if t is not None]
     tokens = [v for vs in per_traj for v in vs]
     if not tokens:
-        return {}
+        return dict.fromkeys(VERSION_METRICS, 0.0)
     return {
         "rollout/stale_token_frac": sum(v < trainer_version for v in tokens) / len(tokens),
         "rollout/token_staleness_max": float(trainer_version - min(tokens)),

@@ -61,3 +61,5 @@ def test_the_bound_is_checked_on_the_oldest_trained_token():
             "rollout/mixed_version_frac": 0.5,
         }
     )
+    # A rank with no trained token logs the same keys (the metrics are averaged over ranks).
+    assert version_metrics([None], 4) == dict.fromkeys(version_metrics([fresh], 4), 0.0)
