@@ -78,8 +78,10 @@ def test_async_vllm_generator_samples_with_each_published_version(
     assert run.datamodule.rollout_versions == [(0, 0), (1, 0), (2, 1), (3, 2)]
     assert scalars(tmp_path, "rollout/staleness") == [0.0, 1.0, 1.0, 1.0]
     assert scalars(tmp_path, "rollout/stale_dropped") == [0.0] * 4
-    # Updates 0 and 1 moved the policy: versions 1 and 2, sampled below, differ from the last.
-    assert all(g > 0 for g in scalars(tmp_path, "grad_norm")[:2])
+    # Some update moved the policy (update v - 1 makes version v; a step whose groups all
+    # scored alike has no gradient, and which steps do depends on the sampling).
+    norms = scalars(tmp_path, "grad_norm")
+    assert any(g > 0 for g in norms[:3])
     # The behaviour log-probs are those of the version each batch was sampled under.
     model = copy.deepcopy(run.module.policy).eval()
     processor, temperature = run.module.processor, 1.2
@@ -93,6 +95,6 @@ def test_async_vllm_generator_samples_with_each_published_version(
             model.load_state_dict(seen.weights[v])
             assert _gap(model, processor, trajs, temperature, v) <= 1e-4, (version, v)
         model.load_state_dict(seen.weights[version])
-        if version > 0:  # ... and not the previous version's: the publish reached vLLM
+        if version > 0 and norms[version - 1] > 0:  # not the previous version's either
             model.load_state_dict(seen.weights[version - 1])
             assert _gap(model, processor, trajs, temperature) > 1e-3, version
