@@ -135,7 +135,10 @@ class Trajectory:
     is the behaviour policy's log-probability of `token_ids[t]` under the sampling distribution
     (logits / temperature with vision placeholders suppressed) where `loss_mask[t] == 1`, else 0.
     `visuals` are every video segment of the sequence in order, so one forward pass over
-    `token_ids` with them reproduces `logprobs`.
+    `token_ids` with them reproduces `logprobs`. `versions[t]` is the policy version (optimiser
+    updates) of the engine weights when token t was appended: for a trained token, the policy
+    that sampled it, which partial rollouts (`rollout.partial`) let change between turns;
+    () when not recorded (hand-built trajectories).
     """
 
     sample_id: str
@@ -145,6 +148,7 @@ class Trajectory:
     logprobs: tuple[float, ...]
     visuals: tuple[Visual, ...]
     prompt_length: int
+    versions: tuple[int, ...] = ()
     turns: tuple[Turn, ...] = ()
     num_calls: int = 0
     num_valid_calls: int = 0

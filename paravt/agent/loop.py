@@ -94,6 +94,7 @@ class _State:
     ids: list[int]
     mask: list[int]
     logp: list[float]
+    versions: list[int]  # the engine's weight version when each token was appended
     visuals: list[Visual]
     history: list[dict[str, Any]]
     turns: list[Turn] = field(default_factory=list)
@@ -104,15 +105,35 @@ class _State:
     finish_reason: str = "stop"
     forced: bool = False
 
-    def append(self, seg: Segment) -> None:
+    def append(self, seg: Segment, version: int) -> None:
         self.ids += seg.token_ids
         self.mask += [0] * len(seg.token_ids)
         self.logp += [0.0] * len(seg.token_ids)
+        self.versions += [version] * len(seg.token_ids)
         self.visuals += seg.visuals
 
     def request(self) -> GenerationRequest:
         name = f"trajectory {self.sample.id}#{self.group_index}"
         return GenerationRequest(tuple(self.ids), tuple(self.visuals), name)
+
+
+@dataclass
+class Rounds:
+    """The rollouts of one `AgentLoop.start` between rounds (mutable; read it through the
+    loop's `advance` and `finish`)."""
+
+    groups: list  # [B] G _States each, or G VIDEO_ERROR trajectories
+    params: SamplingParams  # as the caller gave them (sub-agent calls use them)
+    turn_params: SamplingParams  # one sample per request, the agent's token cap
+    errors: dict[str, str]
+    timings: dict[str, float]
+    round_index: int = 0
+    done: bool = False
+
+    def active(self, fits) -> list[_State]:
+        """The trajectories that take the next round (`fits` marks those out of room done)."""
+        states = (st for group in self.groups for st in group if isinstance(st, _State))
+        return [st for st in states if not st.done and fits(st)]
 
 
 class AgentLoop:
@@ -159,6 +180,21 @@ class AgentLoop:
         that sample's G trajectories is empty with finish_reason `VIDEO_ERROR`, and the result's
         `video_errors` maps its id to the error (which names the file).
         """
+        run = self.start(samples, budgets, group_size, params, skip_bad_videos)
+        while not run.done:
+            self.advance([run])
+        return self.finish(run)
+
+    def start(
+        self,
+        samples: Sequence[Sample],
+        budgets: Sequence[int],
+        group_size: int,
+        params: SamplingParams,
+        skip_bad_videos: bool = False,
+    ) -> Rounds:
+        """The rollouts of `samples` before their first round (`run`'s arguments); `advance`
+        plays their rounds, `finish` returns them."""
         if len(budgets) != len(samples):
             raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
         timings: dict[str, float] = defaultdict(float)  # seconds per phase
@@ -168,26 +204,46 @@ class AgentLoop:
             self._start_group(s, k, group_size, skip_bad_videos, errors)
             for s, k in zip(samples, budgets, strict=True)
         ]
-        states = [st for group in groups for st in group if isinstance(st, _State)]
         timings["prompt"] += time.perf_counter() - t0
         turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
-        for round_index in range(self.cfg.max_rounds + 1):
-            active = [st for st in states if not st.done and self._fits(st)]
-            if not active:
-                break
-            t0 = time.perf_counter()
-            outputs = self._generate(active, turn_params)
-            timings["generate"] += time.perf_counter() - t0
+        return Rounds(groups, params, turn_params, errors, timings)
+
+    def advance(self, runs: Sequence[Rounds]) -> None:
+        """One agent round of every unfinished run in `runs`, with ONE engine call for all of
+        their active trajectories (partial rollouts merge the rounds of several steps; the call
+        samples with the first run's parameters). Between two calls nothing is in flight: the
+        engine's weights may change there (a turn boundary), and every sampled token records
+        the version that sampled it."""
+        active = {id(r): r.active(self._fits) for r in runs if not r.done}
+        for r in runs:
+            r.done = r.done or not active.get(id(r))
+        live = [r for r in runs if not r.done]
+        if not live:
+            return
+        everyone = [st for r in live for st in active[id(r)]]
+        t0 = time.perf_counter()
+        outputs = iter(self._generate(everyone, live[0].turn_params))
+        spent = time.perf_counter() - t0
+        version = int(getattr(self.engine, "weight_version", 0))
+        for r in live:
+            r.timings["generate"] += spent
             with_calls = [
                 (st, calls)
-                for st, out in zip(active, outputs, strict=True)
-                if (calls := self._take_turn(st, out[0], round_index))
+                for st in active[id(r)]
+                if (calls := self._take_turn(st, next(outputs)[0], r.round_index, version))
             ]
-            self._run_tools(with_calls, round_index, params, timings)
+            self._run_tools(with_calls, r.round_index, r.params, r.timings)
+            r.round_index += 1
+            r.done = r.round_index > self.cfg.max_rounds
+
+    def finish(self, run: Rounds) -> AgentRun:
+        """The trajectories of a run whose rounds are over, group-major."""
         trajs = tuple(
-            self._finish(st) if isinstance(st, _State) else st for group in groups for st in group
+            self._finish(st) if isinstance(st, _State) else st
+            for group in run.groups
+            for st in group
         )
-        return AgentRun(trajs, errors, dict(timings))
+        return AgentRun(trajs, run.errors, dict(run.timings))
 
     def _start_group(
         self,
@@ -236,6 +292,7 @@ class AgentLoop:
         messages = prompts.main_messages(sample, frames.timestamps, info.duration, system)
         prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
         seg = self.renderer.prompt(messages, [frames], prefix)
+        version = self._version()
         return [
             _State(
                 sample=sample,
@@ -245,6 +302,7 @@ class AgentLoop:
                 ids=list(seg.token_ids),
                 mask=[0] * len(seg.token_ids),
                 logp=[0.0] * len(seg.token_ids),
+                versions=[version] * len(seg.token_ids),
                 visuals=list(seg.visuals),
                 history=list(messages),
                 prefix=prefix,
@@ -258,13 +316,18 @@ class AgentLoop:
         st.done, st.truncated, st.finish_reason = True, True, "truncated"
         return False
 
+    def _version(self) -> int:
+        return int(getattr(self.engine, "weight_version", 0))
+
     def _take_turn(
-        self, st: _State, out: GenerationOutput, round_index: int
+        self, st: _State, out: GenerationOutput, round_index: int, version: int
     ) -> tuple[ParsedCall, ...]:
-        """Append the sampled tokens; return the turn's calls when tools must run."""
+        """Append the sampled tokens (sampled by weight `version`); return the turn's calls
+        when tools must run."""
         st.ids += out.token_ids
         st.mask += [1] * len(out.token_ids)
         st.logp += out.logprobs
+        st.versions += [version] * len(out.token_ids)
         body = self.tokenizer.decode(list(out.token_ids), skip_special_tokens=False)
         if body.endswith(self.end_of_turn):
             body = body[: -len(self.end_of_turn)]
@@ -321,7 +384,7 @@ class AgentLoop:
             st.done, st.truncated, st.finish_reason = True, True, "truncated"
             return
         st.history.extend(messages)
-        st.append(seg)
+        st.append(seg, self._version())
 
     def _summarise(self, with_calls, results, params: SamplingParams):
         """One batched sub-agent generation for every successful crop of every trajectory."""
@@ -342,11 +405,12 @@ class AgentLoop:
             [GenerationRequest(s.token_ids, s.visuals) for s in segs], sub_params
         )
         new = [list(res) for res in results]
+        version = self._version()
         for (i, j, r), seg, out in zip(jobs, segs, outs, strict=True):
             o = out[0]
             text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True).strip()
             new[i][j] = replace(r, summary=text)
-            with_calls[i][0].subs.append(_sub_trajectory(with_calls[i][0], seg, o, text))
+            with_calls[i][0].subs.append(_sub_trajectory(with_calls[i][0], seg, o, text, version))
         return [tuple(res) for res in new]
 
     def _finish(self, st: _State) -> Trajectory:
@@ -360,6 +424,7 @@ class AgentLoop:
             logprobs=tuple(st.logp),
             visuals=tuple(st.visuals),
             prompt_length=st.prompt_length,
+            versions=tuple(st.versions),
             turns=tuple(st.turns),
             num_calls=len(calls),
             num_valid_calls=sum(c.ok for c in calls),
@@ -372,7 +437,9 @@ class AgentLoop:
         )
 
 
-def _sub_trajectory(parent: _State, seg: Segment, out: GenerationOutput, text: str) -> Trajectory:
+def _sub_trajectory(
+    parent: _State, seg: Segment, out: GenerationOutput, text: str, version: int
+) -> Trajectory:
     n_prompt = len(seg.token_ids)
     return Trajectory(
         sample_id=parent.sample.id,
@@ -382,6 +449,7 @@ def _sub_trajectory(parent: _State, seg: Segment, out: GenerationOutput, text: s
         logprobs=(0.0,) * n_prompt + out.logprobs,
         visuals=seg.visuals,
         prompt_length=n_prompt,
+        versions=(version,) * (n_prompt + len(out.token_ids)),
         turns=(Turn(text=text),),
         finish_reason=out.finish_reason,
         frame_budget=parent.budget,

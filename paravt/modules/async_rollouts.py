@@ -52,6 +52,20 @@ def split_cores(cores: list[int], generator_cores: int | None) -> tuple[list[int
     return cores[: len(cores) - n], cores[len(cores) - n :]
 
 
+def check_partial(algo) -> None:
+    """Partial rollouts mix behaviour policies inside a trajectory: a correction that averages
+    a whole trajectory's log-ratio would mix them too, so it is refused."""
+    if getattr(algo, "engine_is_correction", None) in ("tis", "mis") and (
+        algo.engine_is_level == "sequence"
+    ):
+        raise ValueError(
+            "rollout.partial=true samples one trajectory with several policy versions, but "
+            "algorithm.engine_is_level=sequence averages the importance ratio over the whole "
+            "trajectory: set algorithm.engine_is_level=token (per token, i.e. per segment) or "
+            "rollout.partial=false"
+        )
+
+
 class AsyncRollouts:
     """The generator process (rank 0's), the weights it reads, and which steps were submitted."""
 
@@ -60,6 +74,8 @@ class AsyncRollouts:
         import torch.multiprocessing as mp
 
         cfg = datamodule.rollout
+        if cfg.partial:
+            check_partial(getattr(module, "algo", None))
         self.dm, self.cfg, self.rank = datamodule, cfg, Rank.current()
         self.updates_per_step = int(getattr(module, "updates_per_step", 1))
         self.bucket_bytes = cfg.engine.sync_bucket_mb << 20
@@ -93,6 +109,7 @@ class AsyncRollouts:
             threads=len(theirs) or 1,
             skip_bad_videos=not datamodule.fail_fast,
             device=generator_device(getattr(module, "device", "cpu")),  # rank 0's GPU, if any
+            partial=cfg.partial,
         )
         self.generator = AsyncGenerator(spec, self.weights, max_pending=cfg.max_staleness + 1)
         if mine and mine != all_cores:
@@ -190,29 +207,11 @@ def rollout_batch(dm, batch, module, got: tuple[GenTask, GenResult, float]) -> R
     dm.skipped_prompts += len(skipped)
     rank = Rank.current()
     samples, budgets, trajs = _share(task, samples, budgets, trajs, rank)
-    # The same rollout/trainer consistency check as sync mode, on this rank's share.
-    trajs, checked = dm.check_consistency(batch.step, trajs, module)
     timings = {"sync": 0.0, "rollout": result.busy_s, "rollout_wait": waited} | result.timings
-    dm.rollout_versions.append((batch.step, result.version))
-    dm.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
-    dm.consumed = batch.step + 1
     counts = dm.skip_counts() | {"rollout/stale_dropped": float(dm.async_rollouts.dropped)}
-    counts |= checked
     if rank.rank != 0:
         counts |= dict.fromkeys(WHOLE_BATCH_COUNTS, 0.0)
         skipped = []
-    return RolloutBatch(
-        step=batch.step,
-        epoch=batch.epoch,
-        samples=tuple(samples),
-        budgets=tuple(budgets),
-        trajectories=tuple(trajs),
-        group_size=task.group_size,
-        temperature=dm.rollout.temperature,
-        weight_version=result.version,
-        staleness=module.policy_version - result.version,
-        durations=tuple(dm.agent.source.info(s.video).duration for s in samples),
-        timings=timings,
-        skipped=tuple(skipped),
-        counts=counts,
+    return dm.build_batch(
+        batch, module, samples, budgets, trajs, skipped, result.version, timings, counts
     )

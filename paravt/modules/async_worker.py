@@ -10,7 +10,9 @@ current weights from `SharedWeights`, builds its own engine and agent loop, pins
 cores, and then runs `GenTask`s in order: before each task it loads the newest published
 weights, and it sends a `GenResult` (grouped trajectories + the version they were sampled under
 + busy time) back, queueing at most `max_pending` while the trainer has not read them. Which
-steps may start is decided by the trainer (`paravt.rollout.staleness`).
+steps may start is decided by the trainer (`paravt.rollout.staleness`). With `rollout.partial`
+the submitted steps are played together, a round at a time, and the weights may change between
+rounds (`paravt.modules.partial_rollouts`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
@@ -50,6 +52,7 @@ class GeneratorSpec:
     threads: int
     skip_bad_videos: bool = True
     device: str = "cpu"  # the trainer rank's device (`generator_device`)
+    partial: bool = False  # rollout.partial: steps in flight together (modules/partial_rollouts)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class GenTask:
 @dataclass(frozen=True)
 class GenResult:
     step: int
-    version: int  # the policy version every trajectory of the step was sampled under
+    version: int  # the oldest policy version behind the step's trained tokens
     trajectories: tuple[Trajectory, ...]
     video_errors: dict[str, str]
     busy_s: float  # generation time in the child
@@ -199,12 +202,35 @@ def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
     return model, engine, agent
 
 
+def serve_steps(tasks, results, weights, model, engine, agent, skip_bad_videos: bool) -> None:
+    """Serve `tasks` one step at a time, each with the newest weights at its start, until the
+    stop signal (None); `results.put` sends each step's `GenResult`."""
+    from paravt.rollout.weight_sync import WeightSync
+
+    while (task := tasks.get()) is not None:
+        WeightSync.into_generator(engine, model, weights)
+        # before the run: an engine whose weights may move forward during it (shared rollout
+        # servers) then records the oldest weights any token was sampled with
+        version = engine.weight_version
+        t0 = time.perf_counter()
+        run = agent.run(
+            list(task.samples),
+            list(task.budgets),
+            task.group_size,
+            task.params,
+            skip_bad_videos=skip_bad_videos,
+        )
+        busy = time.perf_counter() - t0
+        timings = {f"rollout_{k}": v for k, v in run.timings.items()}
+        errors = dict(run.video_errors)
+        results.put(GenResult(task.step, version, tuple(run), errors, busy, timings))
+
+
 def generator_main(
     spec: GeneratorSpec, weights, tasks, conn, max_pending: int, parent: int
 ) -> None:
     """The child process: build, then serve tasks until a None arrives; results go out over
     `conn`, the write end of the result pipe."""
-    from paravt.rollout.weight_sync import WeightSync
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
@@ -213,24 +239,11 @@ def generator_main(
         device = _enter_standalone(spec.device)
         _pin(spec.cores, spec.threads)
         model, engine, agent = _build(spec, weights, device)
-        while (task := tasks.get()) is not None:
-            WeightSync.into_generator(engine, model, weights)
-            # before the run: an engine whose weights may move forward during it (shared rollout
-            # servers) then records the oldest weights any token was sampled with
-            version = engine.weight_version
-            t0 = time.perf_counter()
-            run = agent.run(
-                list(task.samples),
-                list(task.budgets),
-                task.group_size,
-                task.params,
-                skip_bad_videos=spec.skip_bad_videos,
-            )
-            busy = time.perf_counter() - t0
-            timings = {f"rollout_{k}": v for k, v in run.timings.items()}
-            errors = dict(run.video_errors)
-            out = GenResult(task.step, version, tuple(run), errors, busy, timings)
-            results.put(out)
+        if spec.partial:
+            from paravt.modules.partial_rollouts import serve_partial as serve
+        else:
+            serve = serve_steps
+        serve(tasks, results, weights, model, engine, agent, spec.skip_bad_videos)
     except BaseException:
         with contextlib.suppress(BrokenPipeError):
             results.put(GenFailure(traceback.format_exc()))

@@ -40,6 +40,7 @@ from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig, RolloutEngine, SamplingParams
 from paravt.rollout.factory import build_engine, check_engine_name
 from paravt.rollout.records import RolloutBatch
+from paravt.rollout.staleness import oldest_version, version_metrics
 from paravt.rollout.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
@@ -85,6 +86,9 @@ class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     # async: a generator process overlaps generation with the update (modules/async_rollouts.py)
     mode: str = "sync"
+    # async: in-flight trajectories pause at each weight sync and resume with the new weights
+    # (modules/partial_rollouts.py); each token records the policy version that sampled it.
+    partial: bool = False
     generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
     # async: seconds to wait for a step's rollouts before failing the run (None: for ever)
     generator_timeout_s: float | None = None
@@ -99,6 +103,12 @@ class RolloutConfig:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
+        if self.partial and self.mode != "async":
+            raise ValueError(
+                "rollout.partial=true resumes trajectories across weight syncs of the async "
+                f"generator, but rollout.mode={self.mode!r}: set rollout.mode=async (with "
+                "rollout.max_staleness >= 1) or rollout.partial=false"
+            )
         if self.generator_timeout_s is not None and not self.generator_timeout_s > 0:
             raise ValueError(
                 f"rollout.generator_timeout_s must be > 0 seconds or null (wait for ever), "
@@ -286,7 +296,6 @@ class RolloutDataModule(PromptDataModule):
                 return rollout_batch(self, batch, module, got)
             self.sync(module, 0)  # too stale: regenerated here with the current weights
         sync_s = self.sync(module, self.rollout.max_staleness)
-        cfg = self.rollout
         samples = [s for s in batch.samples if s.video not in self.bad_videos]
         skipped = [
             (s.id, self.bad_videos[s.video]) for s in batch.samples if s.video in self.bad_videos
@@ -306,9 +315,32 @@ class RolloutDataModule(PromptDataModule):
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
         timings |= self._rollout_cache_timings(agent, decoded)
+        counts = self.skip_counts() | self._crop_cache_counts()
+        return self.build_batch(
+            batch, module, samples, budgets, trajs, skipped, version, timings, counts
+        )
+
+    def build_batch(
+        self,
+        batch: PromptBatch,
+        module: RolloutPolicy,
+        samples: Sequence[Sample],
+        budgets: Sequence[int],
+        trajs: Sequence[Trajectory],
+        skipped: Sequence[tuple[str, str]],
+        version: int,
+        timings: dict[str, float],
+        counts: dict[str, float],
+    ) -> RolloutBatch:
+        """The step's `RolloutBatch` (both modes): the consistency check applied, the staleness
+        taken from the oldest token (`version` when the trajectories record none) and the
+        tokens' policy versions summarised (`paravt.rollout.staleness.version_metrics`)."""
+        cfg = self.rollout
         t0 = time.perf_counter()
         trajs, checked = self.check_consistency(batch.step, trajs, module)
-        timings["consistency"] = time.perf_counter() - t0
+        timings = timings | {"consistency": time.perf_counter() - t0}
+        version = oldest_version(trajs, default=version)
+        counts = counts | checked | version_metrics(trajs, module.policy_version)
         self.rollout_versions.append((batch.step, version))
         self.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
         self.consumed = batch.step + 1
@@ -322,10 +354,10 @@ class RolloutDataModule(PromptDataModule):
             temperature=cfg.temperature,
             weight_version=version,
             staleness=module.policy_version - version,
-            durations=tuple(agent.source.info(s.video).duration for s in samples),
+            durations=tuple(self.agent.source.info(s.video).duration for s in samples),
             timings=timings,
             skipped=tuple(skipped),
-            counts=self.skip_counts() | checked | self._crop_cache_counts(),
+            counts=counts,
         )
 
     def _start_step_caches(self, agent: AgentLoop) -> float:

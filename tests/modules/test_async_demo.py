@@ -1,5 +1,6 @@
-"""The demo still learns in async mode (a generator process one step ahead, the
-decoupled loss), as a user runs it: `python train.py rollout.mode=async ...` from an empty
+"""The demo still learns in async mode (a generator process one step ahead, the decoupled
+loss; and with partial rollouts, trajectories resumed across weight syncs), as a user runs it:
+`python train.py rollout.mode=async ...` from an empty
 folder, the summary's held-out gain over both frame budgets read from its output."""
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ pytestmark = pytest.mark.slow
 GAIN = re.compile(r"held-out accuracy, all budgets: ([\d.]+) -> ([\d.]+) \(([+-][\d.]+) points")
 
 
-def test_the_demo_learns_in_async_mode(tmp_path, train_py):
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_the_demo_learns_in_async_mode(tmp_path, train_py, partial):
     out = train_py(
         "rollout.mode=async",
         "rollout.max_staleness=1",
         "algorithm.loss=decoupled_ppo",
+        f"rollout.partial={partial}",
         "name=demo_async",
         cwd=tmp_path,
         timeout=1500,
@@ -34,4 +37,6 @@ def test_the_demo_learns_in_async_mode(tmp_path, train_py):
     acc.Reload()
     staleness = [e.value for e in acc.Scalars("rollout/staleness")]
     assert len(staleness) == 40 and max(staleness) <= 1  # the bound held at every step
+    per_token = [e.value for e in acc.Scalars("rollout/token_staleness_max")]
+    assert len(per_token) == 40 and max(per_token) <= 1  # for every trained token too
     assert sum(staleness) > 0  # and the generator did run ahead of the trainer

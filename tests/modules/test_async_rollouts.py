@@ -98,13 +98,18 @@ def test_async_with_staleness_0_makes_the_updates_of_sync(tmp_path, tiny_qwen3_d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer_sleep_s", [3.0, 0.0], ids=["slow_trainer", "slow_generator"])
+@pytest.mark.parametrize(
+    ("trainer_sleep_s", "partial"),
+    [(3.0, False), (0.0, False), (0.0, True)],
+    ids=["slow_trainer", "slow_generator", "partial"],
+)
 def test_the_staleness_bound_is_never_exceeded(
-    tmp_path, tiny_qwen3_dir, needle_dir, trainer_sleep_s
+    tmp_path, tiny_qwen3_dir, needle_dir, trainer_sleep_s, partial
 ):
     """max_staleness=1: generation runs one step ahead. A slow trainer finds every batch ready
-    (sampled one update back); a slow generator (long generations) makes the trainer wait. In
-    both, no trajectory is trained more than 1 update behind, and none was dropped."""
+    (sampled one update back); a slow generator (long generations) makes the trainer wait; with
+    partial rollouts the steps in flight share the generator's rounds. In all three, no token
+    is trained more than 1 update behind, and nothing was dropped."""
     pids = Pids(sleep_s=trainer_sleep_s)
     tokens = 12 if trainer_sleep_s else 48
     run = fit(
@@ -115,10 +120,12 @@ def test_the_staleness_bound_is_never_exceeded(
         "rollout.max_staleness=1",
         "algorithm.loss=decoupled_ppo",
         f"rollout.agent.max_new_tokens={tokens}",
+        f"rollout.partial={partial}",
         *ASYNC,
         callbacks=[pids],
     )
     assert all(gone(p) for p in pids.pids)
+    assert max(scalars(tmp_path, "rollout/token_staleness_max")) <= 1.0  # token by token
     staleness = scalars(tmp_path, "rollout/staleness")
     trained = scalars(tmp_path, "update/trajectories")
     assert len(staleness) == 4 and sum(trained) > 0
@@ -222,10 +229,13 @@ def children() -> set[int]:
 
 
 @pytest.mark.slow
-def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides):
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides, partial):
     """`python train.py rollout.mode=async` killed with SIGKILL: its generator exits by itself;
     `ckpt_path=last` goes on from the checkpointed weights with fresh rollouts and the step
-    count loses no update."""
+    count loses no update. With partial rollouts the kill lands while steps are in flight in
+    the generator (paused between rounds or mid-round): they are lost with it, and the resumed
+    run regenerates every step after the checkpoint from its prompts, whole."""
     import subprocess
 
     from tests.modules.test_kill_resume_cli import _checkpoint_step, _command, _env, _wait_for_step
@@ -233,7 +243,7 @@ def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_over
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.ckpt"
     overrides = [*tiny_run_overrides, "rollout.mode=async", "rollout.max_staleness=1"]
-    overrides += ["algorithm.loss=decoupled_ppo"]
+    overrides += ["algorithm.loss=decoupled_ppo", f"rollout.partial={partial}"]
     proc = subprocess.Popen(
         _command(run_dir, overrides, "trainer.max_steps=200"),
         cwd=tmp_path,
@@ -259,6 +269,13 @@ def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_over
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {last} at step {step}" in resumed.stdout, resumed.stdout
     assert _checkpoint_step(last) == step + 2
+    # The resumed run's first batch comes from its fresh generator, sampled whole under the
+    # checkpoint's weights (version `step`), none of it from the killed generator's steps.
+    events = max(run_dir.rglob("events.out.tfevents*"), key=lambda p: p.stat().st_mtime)
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert next(e.value for e in acc.Scalars("weight_version")) == step
+    assert next(e.value for e in acc.Scalars("rollout/token_staleness_max")) == 0.0
 
 
 def _children_of(pid: int) -> list[int]:

@@ -124,3 +124,53 @@ def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_s
     assert synced["mismatch/logprob_abs_max"] < 1e-4
     assert stale["mismatch/logprob_abs_max"] > 0.1 and stale["mismatch/k3"] > 1e-3
     assert resynced["mismatch/logprob_abs_max"] < 1e-4
+
+
+def two_version_trajectory():
+    """Prompt (2 tokens), a turn sampled under version 0 (log-probs log .5, log .25), a tool
+    response (1 token), a turn resumed under version 1 after a weight sync (log .4, log .8)."""
+    from paravt.types import Trajectory
+
+    return Trajectory(
+        sample_id="s",
+        group_index=0,
+        token_ids=(1, 2, 3, 4, 5, 6, 7),
+        loss_mask=(0, 0, 1, 1, 0, 1, 1),
+        logprobs=(0.0, 0.0, L(0.5), L(0.25), 0.0, L(0.4), L(0.8)),
+        visuals=(),
+        prompt_length=2,
+        versions=(0, 0, 0, 0, 1, 1, 1),
+    )
+
+
+def test_a_trajectory_sampled_under_two_versions_is_corrected_segment_by_segment():
+    from paravt.models.forward import pad_trajectories
+    from paravt.rl.losses import decoupled_ppo_loss
+
+    batch = pad_trajectories([two_version_trajectory()], pad_id=0)
+    # The trainer (version 2) gives the sampled tokens .5, .5 | .4, .4 (by hand).
+    prox = torch.tensor([[0.0, 0.0, L(0.5), L(0.5), 0.0, L(0.4), L(0.4)]])
+    # Behaviour weights pi_prox / pi_behav, each token against the version that sampled it:
+    # segment 0: .5/.5 = 1, .5/.25 = 2; segment 1: .4/.4 = 1, .4/.8 = .5.
+    # pi_theta = pi_prox and A = 1: token-mean loss -(1 + 2 + 1 + .5) / 4 = -1.125.
+    got, metrics = decoupled_ppo_loss(prox.clone(), prox, batch.old_logp, ADV[:1], batch.loss_mask)
+    assert float(got) == pytest.approx(-1.125, rel=1e-6)
+    assert (metrics.iw_min, metrics.iw_max) == pytest.approx((0.5, 2.0))
+    # Engine-IS at token level weighs the same tokens the same way (cap 4: nothing clipped).
+    w = engine_weights(prox, batch.old_logp, batch.loss_mask, "tis", "token", 4.0)
+    assert w.weights[0, [2, 3, 5, 6]].tolist() == pytest.approx([1.0, 2.0, 1.0, 0.5])
+
+
+def test_partial_rollouts_refuse_a_whole_trajectory_ratio():
+    from paravt.modules.async_rollouts import check_partial
+    from paravt.rl.algorithm import AlgorithmConfig
+
+    check_partial(
+        AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="tis", engine_is_level="token")
+    )
+    with pytest.raises(ValueError, match="engine_is_level=token"):
+        check_partial(
+            AlgorithmConfig(
+                loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="sequence"
+            )
+        )

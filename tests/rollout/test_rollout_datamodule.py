@@ -88,3 +88,9 @@ def test_an_unknown_engine_is_named(policy):
     with pytest.raises(ValueError, match=r"'sglang' is unknown"):
         RolloutConfig(engine=EngineConfig(name="sglang"))  # at config time, before any engine
     assert isinstance(build_engine("hf", policy.policy, policy.processor), TransformersEngine)
+
+
+def test_partial_rollouts_are_refused_outside_async_mode():
+    with pytest.raises(ValueError, match=r"set rollout\.mode=async"):
+        RolloutConfig(partial=True)
+    assert RolloutConfig(mode="async", max_staleness=1, partial=True).partial

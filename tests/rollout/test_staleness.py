@@ -31,3 +31,35 @@ def test_cores_are_split_between_trainer_and_generator():
     assert split_cores([0, 1, 2, 3], 1) == ([0, 1, 2], [3])
     assert split_cores([0, 1, 2, 3], 9) == ([0], [1, 2, 3])  # the trainer keeps one
     assert split_cores([0], None) == ([0], [0])  # one core: shared
+
+
+def partial(versions, mask, subs=()):
+    from paravt.types import Trajectory
+
+    n = len(versions)
+    return Trajectory(
+        "s", 0, (1,) * n, mask, (0.0,) * n, (), 0, versions=versions, sub_trajectories=subs
+    )
+
+
+def test_the_bound_is_checked_on_the_oldest_trained_token():
+    from paravt.rollout.staleness import oldest_version, version_metrics
+
+    # Trained tokens of versions 3, 3 (prompt of version 2 untrained) then 4, 4 after a sync;
+    # an on-policy trajectory of version 4; a sub-agent rollout of version 5 under the first.
+    sub = partial((5, 5), (0, 1))
+    mixed = partial((2, 3, 3, 4, 4), (0, 1, 1, 1, 1), (sub,))
+    fresh = partial((4, 4), (1, 1))
+    assert oldest_version([mixed, fresh], default=9) == 3
+    assert oldest_version([partial((), ())], default=9) == 9  # nothing recorded
+    assert too_stale(5, oldest_version([mixed], 9), 1)  # 5 - 3 = 2 > 1, though most are fresher
+    # Trainer at 4: tokens 3, 3, 4, 4, 5 | 4, 4: 2 of 7 older; max 4 - 3 = 1; 1 of 2 mixed.
+    assert version_metrics([mixed, fresh, None], 4) == pytest.approx(
+        {
+            "rollout/stale_token_frac": 2 / 7,
+            "rollout/token_staleness_max": 1.0,
+            "rollout/mixed_version_frac": 0.5,
+        }
+    )
+    # A rank with no trained token logs the same keys (the metrics are averaged over ranks).
+    assert version_metrics([None], 4) == dict.fromkeys(version_metrics([fresh], 4), 0.0)
