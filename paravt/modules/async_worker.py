@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from paravt.types import Sample, Trajectory
+from paravt.modules.generator_messages import GenFailure, GenResult, GenTask
 
 POLL_S = 0.5
 
@@ -53,31 +53,6 @@ class GeneratorSpec:
     skip_bad_videos: bool = True
     device: str = "cpu"  # the trainer rank's device (`generator_device`)
     partial: bool = False  # rollout.partial: steps in flight together (modules/partial_rollouts)
-
-
-@dataclass(frozen=True)
-class GenTask:
-    step: int
-    samples: tuple[Sample, ...]
-    budgets: tuple[int, ...]
-    group_size: int
-    params: object  # paravt.rollout.engine.SamplingParams
-    skipped: tuple[tuple[str, str], ...] = ()  # (prompt id, error): left out for their video
-
-
-@dataclass(frozen=True)
-class GenResult:
-    step: int
-    version: int  # the oldest policy version behind the step's trained tokens
-    trajectories: tuple[Trajectory, ...]
-    video_errors: dict[str, str]
-    busy_s: float  # generation time in the child
-    timings: dict[str, float]
-
-
-@dataclass(frozen=True)
-class GenFailure:
-    error: str  # the child's traceback
 
 
 class _Outbox:

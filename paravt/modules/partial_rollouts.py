@@ -25,7 +25,7 @@ import queue
 import time
 from dataclasses import dataclass
 
-from paravt.modules.async_worker import GenResult, GenTask
+from paravt.modules.generator_messages import GenResult, GenTask
 from paravt.rollout.staleness import oldest_version
 from paravt.rollout.weight_sync import WeightSync
 
