@@ -148,7 +148,6 @@ class Trajectory:
     logprobs: tuple[float, ...]
     visuals: tuple[Visual, ...]
     prompt_length: int
-    versions: tuple[int, ...] = ()
     turns: tuple[Turn, ...] = ()
     num_calls: int = 0
     num_valid_calls: int = 0
@@ -158,6 +157,7 @@ class Trajectory:
     finish_reason: str = "stop"
     frame_budget: int = 0
     sub_trajectories: tuple[Trajectory, ...] = ()
+    versions: tuple[int, ...] = ()  # last: added after the others, positional callers keep working
 
     @property
     def response_text(self) -> str:
