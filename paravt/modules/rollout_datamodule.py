@@ -314,8 +314,9 @@ class RolloutDataModule(PromptDataModule):
         self.skipped_prompts += len(skipped)
         timings = {"sync": sync_s, "rollout": time.perf_counter() - t0}
         timings |= {f"rollout_{k}": v for k, v in result.timings.items()}
-        timings |= self._rollout_cache_timings(agent, decoded)
-        counts = self.skip_counts() | self._crop_cache_counts()
+        cache_timings, cache_counts = self._rollout_cache_metrics(agent, decoded)
+        timings |= cache_timings
+        counts = self.skip_counts() | cache_counts
         return self.build_batch(
             batch, module, samples, budgets, trajs, skipped, version, timings, counts
         )
@@ -368,23 +369,22 @@ class RolloutDataModule(PromptDataModule):
         take_feature_stats(*self._vision_models)
         return float(getattr(agent.source, "read_seconds", 0.0))
 
-    def _rollout_cache_timings(self, agent: AgentLoop, decoded: float) -> dict[str, float]:
-        """Seconds of the rollout spent decoding video and in the vision tower; the feature
-        cache's rollout hits and misses ride along (`GRPOModule` sums the step's)."""
+    def _rollout_cache_metrics(
+        self, agent: AgentLoop, decoded: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """The rollout's seconds decoding video and in the vision tower, and the step's crop
+        and feature cache counts (`GRPOModule` adds the trainer passes' feature hits)."""
         hits, misses, seconds = take_feature_stats(*self._vision_models)
-        self._rollout_feature_stats = (hits, misses)
         decode = float(getattr(agent.source, "read_seconds", 0.0)) - decoded
-        return {"rollout_decode": decode, "rollout_vision": seconds}
-
-    def _crop_cache_counts(self) -> dict[str, float]:
-        hits, lookups = self.crop_cache.take_stats() if self.crop_cache else (0, 0)
-        f_hits, f_misses = getattr(self, "_rollout_feature_stats", (0, 0))
-        return {
-            "vision_cache/crop_hits": float(hits),
-            "vision_cache/crop_lookups": float(lookups),
-            "vision_cache/rollout_feature_hits": float(f_hits),
-            "vision_cache/rollout_feature_clips": float(f_hits + f_misses),
+        crop_hits, crop_lookups = self.crop_cache.take_stats() if self.crop_cache else (0, 0)
+        timings = {"rollout_decode": decode, "rollout_vision": seconds}
+        counts = {
+            "vision_cache/crop_hits": float(crop_hits),
+            "vision_cache/crop_lookups": float(crop_lookups),
+            "vision_cache/rollout_feature_hits": float(hits),
+            "vision_cache/rollout_feature_clips": float(hits + misses),
         }
+        return timings, counts
 
     def check_consistency(self, step: int, trajs, module: RolloutPolicy) -> tuple[list, dict]:
         """`rollout.consistency` applied to the step's trajectories: tokens vs vision inputs,
