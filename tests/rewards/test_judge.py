@@ -44,11 +44,18 @@ class _Handler(BaseHTTPRequestHandler):
         _Handler.requests.append((self.path, dict(self.headers), payload))
         _Handler.times.setdefault(self.path, []).append(time.monotonic())
         prefix = "/" + self.path.strip("/").split("/")[0]
+        self._reply(prefix, payload)
+
+    @staticmethod
+    def _work(seconds: float) -> None:
+        """A request counts as in flight while the server works on it, and stops counting
+        before its reply is written: once the client has a reply it may send the next request,
+        and that one must not overlap the previous one's bookkeeping (a false 4th in flight)."""
         with _Handler.gauge:
             _Handler.in_flight[0] += 1
             _Handler.in_flight[1] = max(_Handler.in_flight)
         try:
-            self._reply(prefix, payload)
+            time.sleep(seconds)
         finally:
             with _Handler.gauge:
                 _Handler.in_flight[0] -= 1
@@ -57,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
         if prefix == "/slow":
             time.sleep(0.6)
         if prefix == "/busy":  # a slow but working judge: the pool's bound is visible
-            time.sleep(0.3)
+            self._work(0.3)
         if prefix.startswith("/flaky") and len(_Handler.times[self.path]) <= 2:
             self._send(503, b'{"error": "warming up"}')
             return
