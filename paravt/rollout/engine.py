@@ -124,6 +124,13 @@ class EngineConfig:
     server_log_dir: str = ""
     server_start_timeout_s: float = 900.0
     server_request_timeout_s: float = 3600.0
+    # vllm_server only: how the weights reach the servers (paravt.rollout.server_nccl):
+    # "checkpoint" (a full checkpoint in `sync_dir`, any device) or "nccl" (vLLM's NCCL weight
+    # transfer from the trainer's rank 0, GPUs only); the address and port the servers reach
+    # rank 0 at ("": loopback for servers on this machine, else this host's; 0: a free port).
+    weight_transfer: str = "checkpoint"
+    weight_transfer_address: str = ""
+    weight_transfer_port: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "server_urls", tuple(self.server_urls or ()))
@@ -137,6 +144,18 @@ class EngineConfig:
             )
         if self.num_servers < 1 and not self.server_urls:
             raise ValueError(f"num_servers must be >= 1, got {self.num_servers}")
+        if self.mm_processor_cache_gb < 0:
+            raise ValueError(
+                f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"
+            )
+        if self.sync_bucket_mb < 1:
+            raise ValueError(f"sync_bucket_mb must be >= 1, got {self.sync_bucket_mb}")
+        if self.weight_transfer not in ("checkpoint", "nccl"):
+            raise ValueError(
+                f"weight_transfer must be 'checkpoint' (a full checkpoint on shared disk or "
+                f"tmpfs) or 'nccl' (vLLM's NCCL weight transfer, GPUs only), got "
+                f"{self.weight_transfer!r}"
+            )
 
     def server_gpus(self, i: int) -> str | None:
         """CUDA_VISIBLE_DEVICES of started server `i`: its tensor_parallel_size ids of `devices`
@@ -145,9 +164,3 @@ class EngineConfig:
             return None
         tp = self.tensor_parallel_size
         return ",".join(str(d) for d in self.devices[i * tp : (i + 1) * tp])
-        if self.mm_processor_cache_gb < 0:
-            raise ValueError(
-                f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb}"
-            )
-        if self.sync_bucket_mb < 1:
-            raise ValueError(f"sync_bucket_mb must be >= 1, got {self.sync_bucket_mb}")

@@ -116,9 +116,11 @@ def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rol
 def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
     from paravt.rollout.server_client import ServerEngine, check_world
     from paravt.rollout.server_launch import server_python, start_server
+    from paravt.rollout.server_nccl import check_cuda
     from paravt.rollout.vllm_launch import launch_world
 
     check_world(launch_world()[1])
+    check_cuda(cfg.weight_transfer)  # nccl without CUDA: refused before any server starts
     if cfg.dtype == "auto":
         cfg = replace(cfg, dtype=str(engine_dtype(cfg, model)).removeprefix("torch."))
     from paravt.models.lora import is_lora

@@ -141,6 +141,10 @@ class RolloutService:
 
 
 def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
+    from paravt.rollout.server_nccl import receiver_routes  # weight_transfer=nccl's routes
+
+    nccl_routes = receiver_routes(service)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -167,7 +171,7 @@ def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": f"no route {self.path}"})
 
         def do_POST(self) -> None:
-            routes = {"/generate": service.generate, "/sync_weights": service.sync}
+            routes = {"/generate": service.generate, "/sync_weights": service.sync} | nccl_routes
             if self.path not in routes:
                 self._send(404, {"error": f"no route {self.path}"})
                 return
@@ -209,6 +213,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight-transfer", choices=["checkpoint", "nccl"], default="checkpoint")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process ends")
     return p.parse_args(argv)
 
@@ -235,6 +240,7 @@ def build_engine_from_args(args: argparse.Namespace):
         mm_processor_cache_gb=args.mm_cache_gb,
         max_videos_per_prompt=args.max_videos,
         seed=args.seed,
+        weight_transfer=args.weight_transfer,  # nccl: paravt.rollout.server_nccl's routes
     )
     processor = AutoProcessor.from_pretrained(args.model)
     return VLLMEngine.from_model(cfg, None, processor, model_path=args.model)

@@ -51,6 +51,7 @@ from paravt.rollout.engine import (
     SamplingParams,
 )
 from paravt.rollout.server_checkpoint import check_checkpoint, model_manifest, write_checkpoint
+from paravt.rollout.server_nccl import sender_for
 from paravt.rollout.server_protocol import (
     SYNC_PLAN,
     decode_output,
@@ -102,6 +103,7 @@ class ServerEngine:
             atexit.register(shutil.rmtree, self.sync_dir, True)
         self._manifest = manifest
         self.last_sync_s = 0.0
+        self._nccl = sender_for(self)  # weight_transfer=nccl (None: checkpoint), server_nccl
         for url in self.urls:
             self._check_health(url)
         # Servers this engine did not start hold weights it cannot vouch for (another
@@ -154,6 +156,8 @@ class ServerEngine:
 
     def sync_weights(self, policy, version: int) -> None:
         """Write, check and load `policy`'s weights on every server as `version`."""
+        if self._nccl is not None:  # weight_transfer=nccl: paravt.rollout.server_nccl
+            return self._nccl.sync(policy, version)
         import torch
 
         t0 = time.perf_counter()

@@ -114,6 +114,7 @@ def server_argv(python: str, model_dir: str, cfg, port_file: str) -> list[str]:
     argv += ["--kv-cache-gb", str(cfg.kv_cache_gb), "--mm-cache-gb", str(cfg.mm_processor_cache_gb)]
     argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size), "--seed", str(cfg.seed)]
+    argv += ["--weight-transfer", cfg.weight_transfer]  # nccl: paravt.rollout.server_nccl
     if not cfg.enable_prefix_caching:
         argv.append("--no-prefix-caching")
     return argv

@@ -75,6 +75,9 @@ def _empty_cuda_cache() -> None:
 
 def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
     """`vllm.LLM` arguments; the GPU-only ones are passed only where a GPU is present."""
+    from paravt.rollout.server_nccl import check_cuda
+
+    check_cuda(cfg.weight_transfer, _on_gpu())  # nccl: a rollout server on a GPU only
     kwargs: dict[str, Any] = {
         "model": path,
         "dtype": cfg.dtype,
@@ -95,6 +98,8 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
             "tensor_parallel_size": cfg.tensor_parallel_size,
             "enable_sleep_mode": cfg.enable_sleep_mode,
         }
+        if cfg.weight_transfer == "nccl":  # the trainer's rank 0 sends (paravt.rollout.server_nccl)
+            kwargs["weight_transfer_config"] = {"backend": "nccl"}
         # Under a W-rank launch: external_launcher, each rank's engine on its own GPU.
         kwargs |= gpu_launch_kwargs(cfg.tensor_parallel_size, launch_world()[1])
     else:
