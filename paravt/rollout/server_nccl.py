@@ -201,6 +201,25 @@ def iter_policy(policy, dtype, bucket_bytes: int, device) -> Iterator:
         yield from ((n, t.contiguous()) for n, t in bucket)
 
 
+def policy_source(policy, meta: Sequence[ParamMeta], dtype, bucket_bytes: int, device):
+    """vLLM's `WeightSource` over `policy`: `meta` (`param_metadata`), and the gathered tensors
+    in its order on `device` (vLLM checks each against the metadata as it sends)."""
+    import torch
+    from vllm.distributed.weight_transfer.base import ParamMeta as VllmMeta
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    declared = [VllmMeta(m.name, getattr(torch, m.dtype), m.shape) for m in meta]
+
+    class PolicySource(WeightSource):
+        def metadata(self):
+            return declared
+
+        def __iter__(self):
+            return iter_policy(policy, dtype, bucket_bytes, device)
+
+    return PolicySource()
+
+
 # ---- the trainer's side -----------------------------------------------------------------------
 class ServersClient:
     """vLLM's `VLLMWeightSyncClient` protocol over every rollout server at once: each call goes
@@ -324,24 +343,13 @@ class NcclSender:
         return self.transfer
 
     def _source(self, policy):
-        """vLLM's `WeightSource` over `policy`: `self.meta`, and the gathered tensors in its
-        order on this rank's GPU (vLLM checks each against the metadata as it sends)."""
         import torch
-        from vllm.distributed.weight_transfer.base import ParamMeta as VllmMeta
-        from vllm.distributed.weight_transfer.base import WeightSource
 
-        meta = [VllmMeta(m.name, getattr(torch, m.dtype), m.shape) for m in self.meta]
-        dtype, bucket = getattr(torch, self.engine.cfg.dtype), self.engine.cfg.sync_bucket_mb << 20
+        cfg = self.engine.cfg
         device = torch.device("cuda", torch.cuda.current_device())
-
-        class PolicySource(WeightSource):
-            def metadata(self):
-                return meta
-
-            def __iter__(self):
-                return iter_policy(policy, dtype, bucket, device)
-
-        return PolicySource()
+        return policy_source(
+            policy, self.meta, getattr(torch, cfg.dtype), cfg.sync_bucket_mb << 20, device
+        )
 
     def _finish(self, version: int, failure: Exception | None) -> int:
         """Rank 0: every server ran `SYNC_PLAN` to `version` and reports it; the version held."""

@@ -299,3 +299,22 @@ def test_the_checkpoint_mode_imports_no_vllm(policy, tiny_qwen3_dir, monkeypatch
         calls = [c[0] for c in services[0].engine.llm.calls]
         assert calls == ["reload_weights", *SYNC_PLAN[2:5]]
         assert not any(m == "vllm" or m.startswith("vllm.") for m in sys.modules)
+
+
+@pytest.mark.vllm
+def test_vllms_own_checks_accept_the_policy_source(policy):
+    """vLLM's sender checks every tensor against the metadata the workers sized their buffers
+    from; that check runs here on CPU tensors (only the broadcast needs CUDA). (The dense NCCL
+    sender iterates the source in state-dict order; vLLM's per-layer groups, which other
+    backends use, would not match Qwen3-VL's order.)"""
+    from paravt.rollout.server_nccl import policy_source
+
+    _, engine_cls = import_vllm_trainer_engine()
+    meta = param_metadata(policy, torch.float32)
+    source = policy_source(policy, meta, torch.float32, 1 << 20, "cpu")
+    sent = [n for n, _ in engine_cls._checked_iter(source, source.metadata())]
+    assert sent == [m.name for m in meta]
+    # a source whose tensors disagree with its metadata is stopped before the wire
+    wrong = policy_source(policy, meta, torch.bfloat16, 1 << 20, "cpu")
+    with pytest.raises(ValueError, match="disagrees with iteration"):
+        list(engine_cls._checked_iter(wrong, wrong.metadata()))
