@@ -412,10 +412,12 @@ class NcclReceiver:
         return self._manifest
 
     def init(self, body: dict) -> dict:
+        """Join the trainer's NCCL group (blocks until rank 0 opens it); under the engine lock,
+        as no engine call may run beside a generate."""
         self._check_enabled()
-        self.llm.collective_rpc(
-            "init_weight_transfer_engine", kwargs={"init_info": body["init_info"]}
-        )
+        with self.service.lock:
+            info = body["init_info"]
+            self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
         return {"ok": True}
 
     def start(self, body: dict) -> dict:
@@ -456,7 +458,8 @@ class NcclReceiver:
 
     def shutdown(self, body: dict) -> dict:
         self._check_enabled()
-        self.llm.collective_rpc("shutdown_weight_transfer_engine")
+        with self.service.lock:
+            self.llm.collective_rpc("shutdown_weight_transfer_engine")
         return {"ok": True}
 
     def _check_enabled(self) -> None:

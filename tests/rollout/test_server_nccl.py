@@ -228,7 +228,7 @@ def test_each_server_runs_the_plan_in_order_and_joins_the_group_at_its_rank(poli
                 "reset_encoder_cache",
                 "reset_mm_cache",
             ]
-            assert [locked for _, locked, _ in calls[1:]] == [True] * 6  # paused throughout
+            assert [locked for _, locked, _ in calls] == [True] * 7  # no generate beside any
             assert not service.lock.locked()  # resumed
             assert calls[2][2]["update_info"]["names"] == [m.name for m in meta]
         offsets = [s.engine.llm.calls[0][2]["init_info"]["rank_offset"] for s in services]
