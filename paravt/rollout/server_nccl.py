@@ -261,6 +261,14 @@ class ServersClient:
         self._all("shutdown", lambda i: {})
 
 
+def check_servers(engine, meta: Sequence[ParamMeta]) -> None:
+    """Refuse `meta` unless every server's model expects it (`check_metadata` against its
+    `/weight_transfer/manifest`), naming the server."""
+    for url in engine.urls:
+        got = engine._post(url, f"{ROUTE}/manifest", {})
+        check_metadata(meta, got, f"rollout server {url}")
+
+
 def _host_for(urls: Sequence[str], configured: str) -> str:
     """The address the servers reach the trainer's rank 0 at: `configured`, else loopback when
     every server is on this machine's loopback, else this host's address."""
@@ -304,8 +312,9 @@ class NcclSender:
         t0 = time.perf_counter()
         e, lead = self.engine, self.rank() == 0
         if self.meta is None:  # every rank (a LoRA policy's merged names are a gather)
-            self.meta = param_metadata(policy, getattr(torch, e.cfg.dtype))
-            on_rank0(self._check_servers)  # every rank raises a mismatch: none starts gathering
+            meta = param_metadata(policy, getattr(torch, e.cfg.dtype))
+            on_rank0(lambda: check_servers(e, meta))  # a mismatch raises on every rank
+            self.meta = meta  # only once every server accepted it
         self.client.version, self.client.expect = int(version), update_info(self.meta)
         failure = None
         try:
@@ -319,11 +328,6 @@ class NcclSender:
         if hasattr(e, "_seen"):  # the multi-rank client's newest version seen
             e._seen = e._version
         e.last_sync_s = time.perf_counter() - t0
-
-    def _check_servers(self) -> None:
-        for url in self.engine.urls:
-            got = self.engine._post(url, f"{ROUTE}/manifest", {})
-            check_metadata(self.meta, got, f"rollout server {url}")
 
     def _engine(self, policy):
         """vLLM's trainer engine over a source of `policy`'s weights (rendezvous at the first

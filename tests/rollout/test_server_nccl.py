@@ -27,6 +27,7 @@ from paravt.rollout.server_nccl import (
     ServersClient,
     check_cuda,
     check_metadata,
+    check_servers,
     import_vllm_trainer_engine,
     iter_policy,
     param_metadata,
@@ -233,6 +234,16 @@ def test_each_server_runs_the_plan_in_order_and_joins_the_group_at_its_rank(poli
             assert calls[2][2]["update_info"]["names"] == [m.name for m in meta]
         offsets = [s.engine.llm.calls[0][2]["init_info"]["rank_offset"] for s in services]
         assert offsets == [1, 2]  # server i's workers after the trainer's rank 0 and server i-1's
+
+
+def test_the_trainer_checks_its_metadata_against_every_servers_model_before_sending(
+    policy, tiny_qwen3_dir
+):
+    with _servers(tiny_qwen3_dir, 2) as (engine, services):
+        check_servers(engine, param_metadata(policy, torch.float32))
+        with pytest.raises(ValueError, match=f"rollout server {engine.urls[0]}.*bfloat16"):
+            check_servers(engine, param_metadata(policy, torch.bfloat16))
+        assert all(s.engine.llm.calls == [] for s in services)  # nothing reached vLLM
 
 
 @pytest.mark.parametrize("skipped", ["reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache"])
