@@ -19,11 +19,12 @@ and on back to back, the order swapped every repeat (off, on; on, off; ...). Eac
 
 The step is the sum of `time/sync|rollout|reward|logprobs|update`, as in demo_phases.py.
 
-    python benchmarks/vision_cache.py [--steps 6] [--repeats 2] [--groups 4 8]
+    python benchmarks/vision_cache.py [--steps 3] [--repeats 2] [--groups 4 8]
                                       [--cold-start-steps 250] [--work DIR]
 
 `--work DIR` keeps the sweep folder (and its saved cold start) for a later invocation with the
-same cold start; by default a temporary folder is used and removed.
+same cold start, which replaces the runs; by default a temporary folder is used and removed.
+`--read DIR` prints the report of the finished runs kept in such a folder, without training.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,6 +93,7 @@ def train_job(sweep: Path, name: str, steps: int, cold_steps: int, extra: tuple[
         f"hydra.sweep.subdir={name}",
     ]
     print("running:", " ".join(cmd[1:]), flush=True)
+    shutil.rmtree(sweep / name, ignore_errors=True)  # a rerun's events would mix with these
     subprocess.run(cmd, check=True, cwd=ROOT)
     return sweep / name
 
@@ -212,33 +215,63 @@ def run(args: argparse.Namespace, work: Path) -> int:
             f"rollout.group_size={group}",
             f"rollout.vision_cache.enabled={str(enabled).lower()}",
         )
-        name = f"r{r}_g{group}_{'on' if enabled else 'off'}"
         before = cpu_seconds()
-        found = scalars(train_job(sweep, name, args.steps, args.cold_start_steps, extra))
+        found = scalars(train_job(sweep, run_name(r, group, enabled), args.steps,
+                                  args.cold_start_steps, extra))  # fmt: skip
         cpu[(group, enabled)] = cpu.get((group, enabled), 0.0) + cpu_seconds() - before
         runs.setdefault((group, enabled), []).append(summary(found))
-    for group in args.groups:
+    report(runs, cpu)
+    return 0
+
+
+def run_name(repeat: int, group: int, enabled: bool) -> str:
+    return f"r{repeat}_g{group}_{'on' if enabled else 'off'}"
+
+
+def read(work: Path) -> int:
+    """The report of the finished runs kept in `work` (`--work`), pairs complete in both modes."""
+    runs: dict[tuple[int, bool], list[dict[str, float]]] = {}
+    names = {p.name for p in (work / "sweep").glob("r*_g*_o*") if p.is_dir()}
+    for name in sorted(names):
+        r, g, mode = name.split("_")
+        twin = run_name(int(r[1:]), int(g[1:]), mode == "off")
+        if mode == "off" and twin in names:
+            for enabled, n in ((False, name), (True, twin)):
+                found = scalars(work / "sweep" / n)
+                runs.setdefault((int(g[1:]), enabled), []).append(summary(found))
+    if not runs:
+        raise SystemExit(f"{work}/sweep: no finished cache off/on pair of runs")
+    report(runs, None)
+    return 0
+
+
+def report(runs: dict, cpu: dict | None) -> None:
+    groups = sorted({g for g, _ in runs})
+    for group in groups:
         print_shares(group, pooled(runs[(group, False)]))
-    for group in args.groups:
+    for group in groups:
         print_comparison(group, runs[(group, False)], runs[(group, True)])
-        print(f"  CPU s of the runs      {cpu[(group, False)]:.0f} / {cpu[(group, True)]:.0f}")
+        if cpu is not None:
+            print(f"  CPU s of the runs      {cpu[(group, False)]:.0f} / {cpu[(group, True)]:.0f}")
     print(
         "\nideal = (decode + vision share of the cache-off step) x (1 - 1/G); phase timers: "
         "(decode + vision s off - on) / step off; wall clock: 1 - step on / step off per paired "
         "repeat, mean +- standard error; goal: measured >= 80% of ideal"
     )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=6, help="RL steps per run (the first left out)")
+    p.add_argument("--steps", type=int, default=3, help="RL steps per run (the first left out)")
     p.add_argument("--repeats", type=int, default=2, help="off/on pairs per group size")
     p.add_argument("--batch-size", type=int, default=4, help="prompts per step (the demo's 4)")
     p.add_argument("--groups", type=int, nargs="+", default=[4, 8], help="group sizes G")
     p.add_argument("--cold-start-steps", type=int, default=250, help="the demo's 250; 0: none")
     p.add_argument("--work", type=Path, default=None, help="keep the sweep folder here")
+    p.add_argument("--read", type=Path, default=None, help="report the runs kept in this --work")
     args = p.parse_args(argv)
+    if args.read is not None:
+        return read(args.read)
     if args.work is not None:
         return run(args, args.work)
     with tempfile.TemporaryDirectory() as tmp:
