@@ -224,9 +224,20 @@ def print_comparison(group: int, offs: list[dict], ons: list[dict]) -> None:
     print(f"  decode+vision s off/on {off['work']:.4f} / {on['work']:.4f}")
     print(f"  feature hit rate (on)  {on['feature_hit_rate']:.0%}")
     print(f"  crop hit rate (on)     {crop} of {on['crop_lookups'] / on['steps']:.1f} lookups/step")
-    print(f"  tower clips / step     {off['tower_clips']:.1f} -> {on['tower_clips']:.1f}")
+    fewer = 1 - on["tower_clips"] / off["tower_clips"] if off["tower_clips"] else 0.0
+    print(
+        f"  tower clips / step     {off['tower_clips']:.1f} -> {on['tower_clips']:.1f} "
+        f"({fewer:.0%} fewer; computing each input once instead of G times: {1 - 1 / group:.0%})"
+    )
     print(f"  ideal saving           {total.ideal:.2%} of the step")
-    print(f"  measured, phase timers {total.timers:.2%}: {verdict(total.timers, total.ideal)}")
+    pairs = [
+        saving(group, a["step"], b["step"], a["work"], b["work"])
+        for a, b in zip(offs, ons, strict=True)
+    ]
+    print(
+        f"  measured, phase timers {total.timers:.2%}: {verdict(total.timers, total.ideal)} "
+        f"(per pair, of its own ideal: {', '.join(f'{p.timers / p.ideal:.0%}' for p in pairs)})"
+    )
     print(
         f"  measured, wall clock   {wall:.2%} +- {wall_se:.2%} (paired repeats: "
         f"{', '.join(f'{w:+.1%}' for w in paired)}): {verdict(wall, total.ideal, noise)}"
