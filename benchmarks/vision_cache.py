@@ -25,6 +25,8 @@ The step is the sum of `time/sync|rollout|reward|logprobs|update`, as in demo_ph
 `--work DIR` keeps the sweep folder (and its saved cold start) for a later invocation with the
 same cold start, which replaces the runs; by default a temporary folder is used and removed.
 `--read DIR` prints the report of the finished runs kept in such a folder, without training.
+On this project's 2-core machine under other jobs' load (load average 10-15) the cold start took
+25 min once and the eight runs of the defaults 27 min; run it with `nice` on a shared machine.
 """
 
 from __future__ import annotations
