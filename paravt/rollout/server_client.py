@@ -24,6 +24,20 @@ Versions only move forward on a server: a sync to an older version than the serv
 answered under a newer version adopts it. A caller that records the version before a run thus
 records the oldest weights any of its tokens were sampled with (staleness is never under-
 counted); a server that went back (restarted) is an error.
+
+Under a multi-rank trainer (FSDP2 under Lightning, torchrun or srun) every rank has its own
+`ServerEngine` on the same servers and generates its own share of the groups through them. The
+servers are started once, by rank 0 (`paravt.rollout.factory`), and their URLs reach the other
+ranks through the live process group (`on_rank0`, an object broadcast: no port file, no reliance
+on RANK being exported). A weight sync is one per step, whatever the world size: every rank
+joins the gather (a collective under FSDP2), rank 0 alone writes the checkpoint and drives
+each server's reload, and its outcome (the new version, or the error) is broadcast, which is
+also the barrier before anyone generates again. A step's rollouts end with `settle`: every rank
+learns whether any rank's failed (a dead server), so all raise instead of one rank raising while
+the others wait in the training step's collectives; the ranks also agree there on the newest
+version a server answered with, so their sync decisions stay identical. Routing stays per rank
+(each rank balances its own groups); ranks break ties from server `rank mod M`, so one group
+per rank still spreads over M servers.
 """
 
 from __future__ import annotations
@@ -43,7 +57,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from paravt.errors import UserError
+from paravt.parallel.collectives import all_gather_object, on_rank0
+from paravt.parallel.distributed import Rank
 from paravt.rollout.engine import (
     EngineConfig,
     GenerationOutput,
@@ -87,29 +102,48 @@ class ServerEngine:
     """`RolloutEngine` over rollout servers; see the module docstring."""
 
     def __init__(
-        self, urls: Sequence[str], cfg: EngineConfig, processes: Sequence = (), manifest=None
+        self,
+        urls: Sequence[str],
+        cfg: EngineConfig,
+        processes: Sequence = (),
+        manifest=None,
+        started: bool | None = None,
     ):
-        """`processes`: the servers this engine started (on the trainer's initial weights);
-        `manifest`: name -> shape of the model's tensors (`model_manifest`), which every
-        checkpoint must match (None: taken from the policy at the first sync)."""
+        """`processes`: the servers this process started; `manifest`: name -> shape of the
+        model's tensors (`model_manifest`), which every checkpoint must match (None: taken from
+        the policy at the first sync); `started`: whether paravt started the servers on the
+        trainer's initial weights (default: whether this process did; rank 0 starts them for
+        every rank)."""
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.cfg, self.processes = cfg, list(processes)
-        self.router = Router(self.urls)
+        self.rank = Rank.current()  # the live process group's, not what the launcher exported
+        self.router = Router(self.urls, first=self.rank.rank)
         self.pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="paravt-rs")
-        self.sync_dir = Path(cfg.sync_dir or default_sync_dir())
-        self._own_sync_dir = not cfg.sync_dir
+        self._own_sync_dir = not cfg.sync_dir and self.lead  # only rank 0 writes checkpoints
+        self.sync_dir = Path(cfg.sync_dir or default_sync_dir()) if self.lead else None
         if self._own_sync_dir:  # tmpfs holds RAM: never left behind
             atexit.register(shutil.rmtree, self.sync_dir, True)
         self._manifest = manifest
         self.last_sync_s = 0.0
         for url in self.urls:
             self._check_health(url)
-        # Servers this engine did not start hold weights it cannot vouch for (another
-        # checkpoint, another run's version): version -1 until the first sync, which loads the
-        # policy whatever their version says (`needs_sync`: the trainer syncs before rollouts).
-        self._force = not self.processes
+        # Servers paravt did not start hold weights it cannot vouch for (another checkpoint,
+        # another run's version): version -1 until the first sync, which loads the policy
+        # whatever their version says (`needs_sync`: the trainer syncs before rollouts).
+        self._force = not (bool(self.processes) if started is None else started)
         versions = [self._get(u, "/version")["version"] for u in self.urls]
         self._version = -1 if self._force else min(versions)
+        self._seen = self._version  # the newest version a generate was answered under
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes checkpoints and drives the servers' reload (rank 0)."""
+        return self.rank.rank == 0
+
+    @property
+    def spans_ranks(self) -> bool:
+        """Whether the trainer's ranks share these servers (a multi-rank trainer)."""
+        return self.rank.world_size > 1
 
     @property
     def child_config(self) -> EngineConfig:
@@ -153,22 +187,60 @@ class ServerEngine:
         return results
 
     def sync_weights(self, policy, version: int) -> None:
-        """Write, check and load `policy`'s weights on every server as `version`."""
+        """Write, check and load `policy`'s weights on every server as `version`.
+
+        Under a multi-rank trainer every rank calls it at the same moment: each joins the
+        gather, rank 0 alone writes and drives the reload, and every rank leaves with rank 0's
+        outcome (the same new version, or the same error)."""
         import torch
 
         t0 = time.perf_counter()
-        folder = self.sync_dir / f"{os.getpid()}-v{version}"
-        write_checkpoint(
-            policy, folder, getattr(torch, self.cfg.dtype), self.cfg.sync_bucket_mb << 20
-        )
-        if self._manifest is None:
+        if self._manifest is None:  # every rank: a LoRA policy's merged names are a gather
             self._manifest = model_manifest(policy)
+        folder = self.sync_dir / f"{os.getpid()}-v{version}" if self.lead else None
+        failure = None
+        try:  # folder None: this rank only joins the gather
+            dtype, bucket = getattr(torch, self.cfg.dtype), self.cfg.sync_bucket_mb << 20
+            write_checkpoint(policy, folder, dtype, bucket)
+        except Exception as err:
+            if not self.spans_ranks:
+                raise
+            failure = err  # rank 0 hands it to every rank below; never left in a collective
+        self._version = on_rank0(lambda: self._load_written(folder, version, failure))
+        if failure is not None:
+            raise failure
+        self._seen, self._force = self._version, False
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _load_written(self, folder: Path, version: int, failure: Exception | None) -> int:
+        """Rank 0: check the written folder, load it on every server; the version they hold."""
+        if failure is not None:
+            raise failure
         check_checkpoint(folder, self._manifest)
         self.load_checkpoint(folder, version)
         for old in self.sync_dir.glob(f"{os.getpid()}-v*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
-        self.last_sync_s = time.perf_counter() - t0
+        return self._version
+
+    def settle(self, error: BaseException | None) -> None:
+        """After a step's (or an evaluation's) rollouts on every rank of a multi-rank trainer:
+        when any rank's failed (`error` on that rank, which raises its own afterwards), every
+        other rank raises a `RolloutServerError` quoting it, so none goes on into a collective
+        its peers never reach; and the ranks adopt the newest weight version any server
+        answered them with. One process: nothing to agree on."""
+        if not self.spans_ranks:
+            return
+        mine = (None if error is None else f"{type(error).__name__}: {error}", self._seen)
+        got = all_gather_object(mine)
+        self._version = self._seen = max(self._version, *(seen for _, seen in got))
+        failed = [(r, msg) for r, (msg, _) in enumerate(got) if msg is not None]
+        if failed and error is None:
+            rank, msg = failed[0]
+            raise RolloutServerError(
+                f"trainer rank {rank}'s rollouts failed, so rank {self.rank.rank} stops the "
+                f"step too (nothing is trained on it): {msg}"
+            )
 
     # ---- servers ----------------------------------------------------------------------------
     def load_checkpoint(self, folder: str | Path, version: int, plan=SYNC_PLAN) -> None:
@@ -227,7 +299,9 @@ class ServerEngine:
                 f"rollout server {url} samples with weight version {version}, older than this "
                 f"engine's {self._version}: was it restarted? Its rollouts are not used"
             )
-        self._version = max(self._version, version)
+        self._seen = max(self._seen, version)
+        if not self.spans_ranks:  # several ranks adopt it together, in `settle`
+            self._version = self._seen
 
     def _check_health(self, url: str) -> None:
         status = self._health(url)
@@ -264,12 +338,3 @@ class ServerEngine:
                 f"{got.get('error', got)}"
             )
         return got
-
-
-def check_world(world: int) -> None:
-    """One trainer process per set of servers (a multi-rank trainer is not supported yet)."""
-    if world > 1:
-        raise UserError(
-            f"rollout/engine=vllm_server under a {world}-rank trainer launch is not supported "
-            "yet: run the trainer as one process, or use rollout/engine=vllm (one engine per rank)"
-        )

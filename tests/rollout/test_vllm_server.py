@@ -212,3 +212,77 @@ def test_versions_only_move_forward_when_clients_share_a_server(
     a.sync_weights(updated, version=3)  # older than the server's: skipped
     assert a.weight_version == 4
     assert http_json(f"{server.url}/version")[1]["version"] == 4
+
+
+def test_a_two_rank_fsdp_trainer_shares_the_server(
+    train_py, tiny_run_overrides, server, caller_dir, needle_samples, tmp_path
+):
+    """`train.py trainer=fsdp_cpu rollout/engine=vllm_server`: two FSDP2 ranks (Lightning's
+    ModelParallelStrategy over gloo) generate their own shares on this module's server. The
+    server held other weights (the tests above synced `updated` to it), so the trainer's first
+    sync must load the policy; each step is one sync however many ranks (the server counts its
+    reloads), and at a learning rate where a stale server would show, the log-probs the server
+    returned match the trainer's recomputation after each sync."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    before = http_json(f"{server.url}/stats")[1]
+    settings = {
+        "model.path": str(caller_dir),
+        "trainer": "fsdp_cpu",
+        "rollout/engine": "vllm_server",
+        "rollout.engine.server_urls": f"[{server.url}]",
+        "rollout.engine.max_model_len": "4096",
+        "cold_start": "null",
+        "model.freeze_vision": "true",
+        "data.batch_size": "2",
+        "rollout.group_size": "2",
+        "rollout.temperature": "1.2",
+        "rollout.agent.max_new_tokens": "32",
+        "optimizer.lr": "1e-3",
+        "trainer.max_steps": "2",
+        "callbacks.benchmark_validation": "null",
+        "export_hf": "false",
+    }
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
+    proc = train_py(*args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "MEMBER: 2/2" in out
+    after = http_json(f"{server.url}/stats")[1]
+    assert len(after["syncs"]) - len(before["syncs"]) == 2  # one per step, not one per rank
+    assert http_json(f"{server.url}/version")[1]["version"] == 1
+    # A rank generates one prompt a step: four prompts on the server means both ranks' shares.
+    names = after["names"][len(before["names"]) :]
+    assert {n.split(" ", 1)[1].rsplit("#", 1)[0] for n in names} == {s.id for s in needle_samples}
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+    assert run["weight_version"] == [0.0, 1.0]  # the ranks' mean: they agree on each step's
+    assert run["update/trajectories"] == [4.0, 4.0]  # both ranks trained their share
+    assert run["grad_norm"][0] > 0
+    assert max(run["loss/logprob_gap"]) < 1e-4  # the server sampled with the synced weights
+
+
+def test_a_failure_on_one_rank_fails_every_rank(server, tmp_path):
+    """Two gloo ranks with engines on this module's server: a rank whose rollouts failed makes
+    every rank raise at the step's `settle` (the others quote it), and a sync that fails on
+    rank 0 (which alone writes and drives the servers) raises the same error on every rank;
+    the launcher fails the test if any rank hangs instead."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "distributed" / "launch.py"
+    spec = importlib.util.spec_from_file_location("distributed_launch", path)
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    held = http_json(f"{server.url}/version")[1]["version"]
+    ranks = launch.launch(["server_faults", server.url, str(tmp_path)], tmp_path, timeout=180)
+    assert ranks[0]["settle"].startswith("trainer rank 1's rollouts failed, so rank 0 stops")
+    assert "rollout server http://gen1:8000 failed during /generate" in ranks[0]["settle"]
+    assert ranks[1]["settle"] is None  # the failing rank raises its own error afterwards
+    for got in ranks:
+        assert got["sync"].startswith("CheckpointError: ")
+        assert "partial checkpoint" in got["sync"]
+        assert got["before"] == got["after"] == held
+    assert http_json(f"{server.url}/version")[1]["version"] == held  # nothing was loaded
