@@ -20,10 +20,12 @@ three cache resets -> version -> resume) and reports the steps it ran and its ve
 checked, and /version is read back. `last_sync_s` times the whole (`time/sync`).
 
 Versions only move forward on a server: a sync to an older version than the server holds
-(another client synced it further) is skipped and the newer version adopted, and a generate
-answered under a newer version adopts it. A caller that records the version before a run thus
-records the oldest weights any of its tokens were sampled with (staleness is never under-
-counted); a server that went back (restarted) is an error.
+(another client synced it further) is skipped and the newer version adopted. Every output
+carries the version its server answered under (`GenerationOutput.version`; one call on one
+server runs under one version), which the agent loop records for its tokens: two servers in one
+call may hold different versions. The engine's own version is the oldest any of its servers
+may still sample with, so a caller that records it before a run never under-counts staleness;
+a server that reports an older version than it did before (restarted) is an error.
 
 Under a multi-rank trainer (FSDP2 under Lightning, torchrun or srun) every rank has its own
 `ServerEngine` on the same servers and generates its own share of the groups through them. The
@@ -133,7 +135,7 @@ class ServerEngine:
         self._force = not (bool(self.processes) if started is None else started)
         versions = [self._get(u, "/version")["version"] for u in self.urls]
         self._version = -1 if self._force else min(versions)
-        self._seen = self._version  # the newest version a generate was answered under
+        self._floor = dict(zip(self.urls, versions, strict=True))  # what each last reported
 
     @property
     def lead(self) -> bool:
@@ -206,14 +208,17 @@ class ServerEngine:
             if not self.spans_ranks:
                 raise
             failure = err  # rank 0 hands it to every rank below; never left in a collective
-        self._version = on_rank0(lambda: self._load_written(folder, version, failure))
+        self._version, floor = on_rank0(lambda: self._load_written(folder, version, failure))
         if failure is not None:
             raise failure
-        self._seen, self._force = self._version, False
+        self._floor, self._force = dict(floor), False
         self.last_sync_s = time.perf_counter() - t0
 
-    def _load_written(self, folder: Path, version: int, failure: Exception | None) -> int:
-        """Rank 0: check the written folder, load it on every server; the version they hold."""
+    def _load_written(
+        self, folder: Path, version: int, failure: Exception | None
+    ) -> tuple[int, dict[str, int]]:
+        """Rank 0: check the written folder, load it on every server; (the oldest version they
+        hold, each one's)."""
         if failure is not None:
             raise failure
         check_checkpoint(folder, self._manifest)
@@ -221,19 +226,21 @@ class ServerEngine:
         for old in self.sync_dir.glob(f"{os.getpid()}-v*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
-        return self._version
+        return self._version, self._floor
 
     def settle(self, error: BaseException | None) -> None:
         """After a step's (or an evaluation's) rollouts on every rank of a multi-rank trainer:
         when any rank's failed (`error` on that rank, which raises its own afterwards), every
         other rank raises a `RolloutServerError` quoting it, so none goes on into a collective
-        its peers never reach; and the ranks adopt the newest weight version any server
-        answered them with. One process: nothing to agree on."""
+        its peers never reach; and the ranks pool what each server's answers said of its
+        version (another client may have synced it), so their versions, and with them their
+        sync decisions, stay identical. One process: nothing to agree on."""
         if not self.spans_ranks:
             return
-        mine = (None if error is None else f"{type(error).__name__}: {error}", self._seen)
+        mine = (None if error is None else f"{type(error).__name__}: {error}", self._floor)
         got = all_gather_object(mine)
-        self._version = self._seen = max(self._version, *(seen for _, seen in got))
+        self._floor = {u: max(floor[u] for _, floor in got) for u in self.urls}
+        self._version = max(self._version, min(self._floor.values()))
         failed = [(r, msg) for r, (msg, _) in enumerate(got) if msg is not None]
         if failed and error is None:
             rank, msg = failed[0]
@@ -266,6 +273,7 @@ class ServerEngine:
                 "the sync"
             )
         self._version, self._force = min(held.values()), False
+        self._floor = held
 
     def close(self) -> None:
         """Stop the servers this engine started and remove its sync folder."""
@@ -290,18 +298,24 @@ class ServerEngine:
             got = self._post(url, "/generate", body)
         finally:
             self.router.finish(url, work)
-        self._adopt(url, int(got["version"]))
-        return [[decode_output(o) for o in outs] for outs in got["outputs"]]
+        version = int(got["version"])  # the server's own: one call runs under one version
+        self._adopt(url, version)
+        outputs = got["outputs"]
+        return [[replace(decode_output(o), version=version) for o in outs] for outs in outputs]
 
     def _adopt(self, url: str, version: int) -> None:
-        if version < self._version:
+        """A server answered under `version`: it may have moved on (another client synced it),
+        never back. The engine's version becomes the oldest any server may still sample with,
+        so a run that records it before starting never under-counts its staleness."""
+        if version < self._floor[url]:
             raise RolloutServerError(
-                f"rollout server {url} samples with weight version {version}, older than this "
-                f"engine's {self._version}: was it restarted? Its rollouts are not used"
+                f"rollout server {url} samples with weight version {version}, older than the "
+                f"{self._floor[url]} it reported before: was it restarted? Its rollouts are not "
+                "used"
             )
-        self._seen = max(self._seen, version)
-        if not self.spans_ranks:  # several ranks adopt it together, in `settle`
-            self._version = self._seen
+        self._floor[url] = version
+        if not self.spans_ranks:  # several ranks pool their servers' answers in `settle`
+            self._version = max(self._version, min(self._floor.values()))
 
     def _check_health(self, url: str) -> None:
         status = self._health(url)

@@ -179,6 +179,17 @@ def test_two_servers_share_groups_and_a_killed_one_fails_the_step_naming_it(
         mine = [set(got[n:]) for got, n in zip(names, seen, strict=True)]
         assert mine[0] and mine[1] and not mine[0] & mine[1]  # groups spread, turns stayed
 
+        # Another client (the trainer's evaluation, say) moves only the first server on: one
+        # call then samples with two versions, and each token records its server's.
+        ServerEngine([server.url], CFG).sync_weights(updated, version=2)
+        mixed = _loop(both, processor).run(samples, [4, 4, 4, 4], 1, GREEDY)
+        for t in mixed:
+            home = both.router.home[f"trajectory {t.sample_id}#{t.group_index}"][0]
+            sampled = {v for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
+            assert sampled == {2 if home == server.url else 1}, (home, sampled)
+        assert {both.router.home[n][0] for n in both.router.home} == set(urls)
+        assert both.weight_version == 1  # the oldest a server of its may still sample with
+
         def kill_when_busy() -> None:
             while both.router.in_flight[second.url] == 0:
                 time.sleep(0.01)
@@ -212,6 +223,29 @@ def test_versions_only_move_forward_when_clients_share_a_server(
     a.sync_weights(updated, version=3)  # older than the server's: skipped
     assert a.weight_version == 4
     assert http_json(f"{server.url}/version")[1]["version"] == 4
+
+
+def test_a_trajectory_paused_across_a_sync_records_each_turns_version(
+    tool_caller, server, updated, needle_samples
+):
+    """rollout.partial=true's loop on a server: one agent round, the server's weights move on
+    at the turn boundary, the next round. Each turn's tokens record the version the server
+    sampled them with (the engine learns of the new one only from the server's answer)."""
+    _, processor = tool_caller
+    engine, other = ServerEngine([server.url], CFG), ServerEngine([server.url], CFG)
+    engine.sync_weights(updated, version=5)
+    loop = _loop(engine, processor)
+    rounds = loop.start(needle_samples[:2], [4, 4], 2, GREEDY)
+    loop.advance([rounds])
+    other.sync_weights(updated, version=6)  # as the async generator's sync would
+    while not rounds.done:
+        loop.advance([rounds])
+    trajs = list(loop.finish(rounds))
+    assert any(len(t.turns) >= 2 for t in trajs)
+    for t in trajs:
+        sampled = [v for v, m in zip(t.versions, t.loss_mask, strict=True) if m]
+        assert set(sampled) == ({5, 6} if len(t.turns) >= 2 else {5}), (t.turns, sampled)
+        assert sampled == sorted(sampled)  # the first turn's tokens, then the later ones'
 
 
 def test_a_two_rank_fsdp_trainer_shares_the_server(
