@@ -266,3 +266,17 @@ def test_started_servers_get_their_tensor_parallel_share_of_devices():
         ValueError, match=r"names 1 GPU\(s\) for num_servers=2 x tensor_parallel_size=1"
     ):
         EngineConfig(name="vllm_server", num_servers=2, devices=[7])
+
+
+def test_servers_are_not_started_by_a_launched_process_before_its_group_exists(monkeypatch):
+    """Rank 0 of the live process group starts the servers for every rank; a process of a
+    multi-process launch without its group cannot tell whether it is rank 0."""
+    from paravt.errors import UserError
+    from paravt.rollout.factory import check_one_host, check_one_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_one_launch()
+    check_one_host()  # one process: nothing to compare
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"process group is not initialised.*server_urls"):
+        check_one_launch()
