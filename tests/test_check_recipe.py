@@ -205,6 +205,16 @@ def test_the_1p7_topology_passes_with_a_plan_for_each_role(capsys):
     assert "engine weights" not in trainer and "KV cache" not in trainer  # no engine on 0-6
     assert "up to 64 sequences at once, 32768 tokens each (bf16)" in server
     assert "holds 11 full-length trajectories at once" in server  # 54.5 GB / 4.83 GB
+    assert "7 trainer ranks share the servers rank 0 starts" in trainer
+    assert "rank 0's generator process samples every step's whole batch" in trainer
+    assert "not verified on GPUs (NCCL)" in trainer
+
+
+def test_sync_ranks_are_told_each_generates_its_share_on_the_servers(capsys):
+    assert main([*ONE_PLUS_SEVEN, "rollout.mode=sync", "rollout.max_staleness=0"]) == 0
+    out = capsys.readouterr().out
+    assert "each rank generates its own share of the groups on them" in out
+    assert "rank 0 writes one checkpoint and reloads each server once" in out
 
 
 @pytest.mark.parametrize(

@@ -327,7 +327,7 @@ class AgentLoop:
         st.ids += out.token_ids
         st.mask += [1] * len(out.token_ids)
         st.logp += out.logprobs
-        st.versions += [version] * len(out.token_ids)
+        st.versions += [sampled_by(out, version)] * len(out.token_ids)
         body = self.tokenizer.decode(list(out.token_ids), skip_special_tokens=False)
         if body.endswith(self.end_of_turn):
             body = body[: -len(self.end_of_turn)]
@@ -437,6 +437,13 @@ class AgentLoop:
         )
 
 
+def sampled_by(out: GenerationOutput, engine_version: int) -> int:
+    """The weight version that sampled `out`: the one its engine reported for it (rollout
+    servers: several servers in one call may hold different versions, and another client may
+    have synced one), else the engine's version after the call."""
+    return engine_version if out.version is None else out.version
+
+
 def _sub_trajectory(
     parent: _State, seg: Segment, out: GenerationOutput, text: str, version: int
 ) -> Trajectory:
@@ -449,7 +456,7 @@ def _sub_trajectory(
         logprobs=(0.0,) * n_prompt + out.logprobs,
         visuals=seg.visuals,
         prompt_length=n_prompt,
-        versions=(version,) * (n_prompt + len(out.token_ids)),
+        versions=(version,) * n_prompt + (sampled_by(out, version),) * len(out.token_ids),
         turns=(Turn(text=text),),
         finish_reason=out.finish_reason,
         frame_budget=parent.budget,

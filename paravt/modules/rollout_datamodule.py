@@ -304,7 +304,7 @@ class RolloutDataModule(PromptDataModule):
         version = self.engine.weight_version
         params = self.sampling(batch.step)
         t0 = time.perf_counter()
-        result = self._run(agent, samples, budgets, params)
+        result = self._settled(lambda: self._run(agent, samples, budgets, params))
         trajs = list(result)
         self.end_step()
         if result.video_errors:
@@ -414,6 +414,21 @@ class RolloutDataModule(PromptDataModule):
                 f"{error} (data.fail_fast=true stops here; set it to false to skip such prompts)"
             ) from error
 
+    def _settled(self, run: Callable[[], AgentRun]) -> AgentRun:
+        """`run()`; with an engine the trainer's ranks share (rollout servers), every rank then
+        learns whether any rank's rollouts failed and all raise together (`settle`): a rank
+        that went on would wait for ever in the training step's collectives."""
+        settle = getattr(self.engine, "settle", None)
+        if settle is None:
+            return run()
+        try:
+            out = run()
+        except Exception as error:
+            settle(error)
+            raise
+        settle(None)
+        return out
+
     def _drop_bad(self, step: int, samples, budgets, trajs, skipped: list, errors) -> tuple:
         """Remove the groups whose video failed; remember the videos and log each one once."""
         g = self.rollout.group_size
@@ -467,14 +482,16 @@ class RolloutDataModule(PromptDataModule):
         agent = self.connect(module)
         budgets = [self.rollout.frame_budget] * len(samples)
         params = SamplingParams(greedy=greedy, temperature=self.rollout.temperature)
-        run = greedy_rollouts(
-            agent,
-            samples,
-            budgets,
-            module.policy,
-            module.policy_version,
-            params,
-            skip_bad_videos=not self.fail_fast,
+        run = self._settled(
+            lambda: greedy_rollouts(
+                agent,
+                samples,
+                budgets,
+                module.policy,
+                module.policy_version,
+                params,
+                skip_bad_videos=not self.fail_fast,
+            )
         )
         errors = run.video_errors
         self.end_step()

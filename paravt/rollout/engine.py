@@ -56,11 +56,14 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class GenerationOutput:
-    """One sampled continuation. `token_ids` ends with the stop token when finish_reason is stop."""
+    """One sampled continuation. `token_ids` ends with the stop token when finish_reason is stop.
+    `version`: the weight version that sampled it, where the engine knows it per call (a rollout
+    server reports the version it held); None: the engine's `weight_version` after the call."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" | "length"
+    version: int | None = None
 
 
 @runtime_checkable

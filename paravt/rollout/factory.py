@@ -114,37 +114,85 @@ def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rol
 
 
 def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
-    from paravt.rollout.server_client import ServerEngine, check_world
-    from paravt.rollout.server_launch import server_python, start_server
+    from paravt.models.lora import is_lora
+    from paravt.parallel.collectives import on_rank0
+    from paravt.rollout.server_checkpoint import model_manifest
+    from paravt.rollout.server_client import ServerEngine
     from paravt.rollout.server_nccl import check_cuda
-    from paravt.rollout.vllm_launch import launch_world
 
-    check_world(launch_world()[1])
     check_cuda(cfg.weight_transfer)  # nccl without CUDA: refused before any server starts
     if cfg.dtype == "auto":
         cfg = replace(cfg, dtype=str(engine_dtype(cfg, model)).removeprefix("torch."))
-    from paravt.models.lora import is_lora
-    from paravt.rollout.server_checkpoint import model_manifest
-
     # what every synced checkpoint must hold (LoRA: merged names, known at the first sync)
     manifest = None if is_lora(model) else model_manifest(model)
     if cfg.server_urls:
         return ServerEngine(cfg.server_urls, cfg, manifest=manifest)
+    check_one_launch()
+    check_one_host()
     check_context(cfg.max_model_len, getattr(model, "config", None))
+    # Rank 0 starts the servers, once for every rank; the URLs (or its error) reach every rank
+    # through the process group, however the launcher numbered the processes.
+    started: list = []
+    urls = on_rank0(lambda: _start_servers(cfg, model, processor, model_path, started))
+    return ServerEngine(urls, cfg, started, manifest, started=True)
+
+
+def _start_servers(cfg: EngineConfig, model, processor, model_path, out: list) -> list[str]:
+    """Start `cfg.num_servers` servers (appended to `out`); their URLs. A failed start stops
+    the ones already up."""
+    from paravt.rollout.server_launch import server_python, start_server
+
     python = server_python(cfg.server_python)
     path = model_path or export_model(model, processor)
     log_dir = cfg.server_log_dir or None
-    servers = []
     try:
         for i in range(cfg.num_servers):
             devices = cfg.server_gpus(i)
             timeout = cfg.server_start_timeout_s
-            servers.append(start_server(path, cfg, python, log_dir, timeout, devices))
-        return ServerEngine([s.url for s in servers], cfg, servers, manifest)
+            out.append(start_server(path, cfg, python, log_dir, timeout, devices))
     except BaseException:
-        for server in servers:
+        for server in out:
             server.stop()
         raise
+    return [s.url for s in out]
+
+
+def check_one_host() -> None:
+    """Servers paravt starts listen on rank 0's loopback: every rank must be on its machine."""
+    import socket
+
+    from paravt.errors import UserError
+    from paravt.parallel.collectives import all_gather_object
+    from paravt.parallel.distributed import Rank
+
+    if Rank.current().world_size == 1:
+        return
+    hosts = all_gather_object(socket.gethostname())
+    if len(set(hosts)) > 1:
+        raise UserError(
+            f"rollout/engine=vllm_server would start its servers on rank 0's machine "
+            f"({hosts[0]}), where the ranks on {sorted(set(hosts) - {hosts[0]})} cannot reach "
+            "them: start the servers apart (`paravt serve-rollout --host 0.0.0.0`) and give "
+            "them in rollout.engine.server_urls (docs/training.md, more nodes)"
+        )
+
+
+def check_one_launch() -> None:
+    """Servers are started by rank 0 of the live process group: a process that a multi-process
+    launch started (WORLD_SIZE > 1) before its group exists cannot know whether it is the one."""
+    import os
+
+    from paravt.errors import UserError
+    from paravt.parallel.distributed import Rank
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and Rank.current().world_size == 1:
+        raise UserError(
+            f"rollout/engine=vllm_server would start servers in a process of a {world}-process "
+            "launch whose process group is not initialised, so every process would start its "
+            "own: build the engine after the group is up (train.py does), or give running "
+            "servers in rollout.engine.server_urls"
+        )
 
 
 def export_model(model, processor) -> str:

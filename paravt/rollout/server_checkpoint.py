@@ -100,17 +100,34 @@ def model_manifest(policy) -> dict[str, tuple[int, ...]]:
     return {n: tuple(t.shape) for n, t in policy.state_dict().items()}
 
 
-def write_checkpoint(policy, folder: str | Path, dtype, bucket_bytes: int = 256 << 20) -> Path:
-    """`policy`'s full weights at `dtype` into a new `folder`, one safetensors file per bucket
-    (an FSDP2 policy is gathered: every rank calls this; only the caller's files are written)."""
+def write_checkpoint(
+    policy, folder: str | Path | None, dtype, bucket_bytes: int = 256 << 20
+) -> Path | None:
+    """`policy`'s full weights at `dtype` into a new `folder`, one safetensors file per bucket.
+
+    An FSDP2 policy is gathered, a collective: every rank calls this and iterates to the end,
+    the ranks that write nothing with `folder` None. A failed write (disk full, a folder that
+    cannot be made) is raised only after the gather has run through, so no peer is left
+    waiting in it."""
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    error: Exception | None = None
+    if folder is not None:
+        folder = Path(folder)
+        try:
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+        except OSError as err:
+            error = err
     for i, bucket in enumerate(_policy_buckets(policy, bucket_bytes)):
-        # clone: tied weights share storage, which safetensors refuses to write twice
-        tensors = {n: t.detach().to(dtype).contiguous().clone() for n, t in bucket}
-        save_file(tensors, str(folder / f"part-{i:05d}.safetensors"))
+        if folder is None or error is not None:
+            continue
+        try:  # clone: tied weights share storage, which safetensors refuses to write twice
+            tensors = {n: t.detach().to(dtype).contiguous().clone() for n, t in bucket}
+            save_file(tensors, str(folder / f"part-{i:05d}.safetensors"))
+        except Exception as err:
+            error = err
+    if error is not None:
+        raise error
     return folder

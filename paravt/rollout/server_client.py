@@ -20,10 +20,26 @@ three cache resets -> version -> resume) and reports the steps it ran and its ve
 checked, and /version is read back. `last_sync_s` times the whole (`time/sync`).
 
 Versions only move forward on a server: a sync to an older version than the server holds
-(another client synced it further) is skipped and the newer version adopted, and a generate
-answered under a newer version adopts it. A caller that records the version before a run thus
-records the oldest weights any of its tokens were sampled with (staleness is never under-
-counted); a server that went back (restarted) is an error.
+(another client synced it further) is skipped and the newer version adopted. Every output
+carries the version its server answered under (`GenerationOutput.version`; one call on one
+server runs under one version), which the agent loop records for its tokens: two servers in one
+call may hold different versions. The engine's own version is the oldest any of its servers
+may still sample with, so a caller that records it before a run never under-counts staleness;
+a server that reports an older version than it did before (restarted) is an error.
+
+Under a multi-rank trainer (FSDP2 under Lightning, torchrun or srun) every rank has its own
+`ServerEngine` on the same servers and generates its own share of the groups through them. The
+servers are started once, by rank 0 (`paravt.rollout.factory`), and their URLs reach the other
+ranks through the live process group (`on_rank0`, an object broadcast: no port file, no reliance
+on RANK being exported). A weight sync is one per step, whatever the world size: every rank
+joins the gather (a collective under FSDP2), rank 0 alone writes the checkpoint and drives
+each server's reload, and its outcome (the new version, or the error) is broadcast, which is
+also the barrier before anyone generates again. A step's rollouts end with `settle`: every rank
+learns whether any rank's failed (a dead server), so all raise instead of one rank raising while
+the others wait in the training step's collectives; the ranks also agree there on the newest
+version a server answered with, so their sync decisions stay identical. Routing stays per rank
+(each rank balances its own groups); ranks break ties from server `rank mod M`, so one group
+per rank still spreads over M servers.
 """
 
 from __future__ import annotations
@@ -43,7 +59,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from paravt.errors import UserError
+from paravt.parallel.collectives import all_gather_object, on_rank0
+from paravt.parallel.distributed import Rank
 from paravt.rollout.engine import (
     EngineConfig,
     GenerationOutput,
@@ -88,17 +105,25 @@ class ServerEngine:
     """`RolloutEngine` over rollout servers; see the module docstring."""
 
     def __init__(
-        self, urls: Sequence[str], cfg: EngineConfig, processes: Sequence = (), manifest=None
+        self,
+        urls: Sequence[str],
+        cfg: EngineConfig,
+        processes: Sequence = (),
+        manifest=None,
+        started: bool | None = None,
     ):
-        """`processes`: the servers this engine started (on the trainer's initial weights);
-        `manifest`: name -> shape of the model's tensors (`model_manifest`), which every
-        checkpoint must match (None: taken from the policy at the first sync)."""
+        """`processes`: the servers this process started; `manifest`: name -> shape of the
+        model's tensors (`model_manifest`), which every checkpoint must match (None: taken from
+        the policy at the first sync); `started`: whether paravt started the servers on the
+        trainer's initial weights (default: whether this process did; rank 0 starts them for
+        every rank)."""
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.cfg, self.processes = cfg, list(processes)
-        self.router = Router(self.urls)
+        self.rank = Rank.current()  # the live process group's, not what the launcher exported
+        self.router = Router(self.urls, first=self.rank.rank)
         self.pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="paravt-rs")
-        self.sync_dir = Path(cfg.sync_dir or default_sync_dir())
-        self._own_sync_dir = not cfg.sync_dir
+        self._own_sync_dir = not cfg.sync_dir and self.lead  # only rank 0 writes checkpoints
+        self.sync_dir = Path(cfg.sync_dir or default_sync_dir()) if self.lead else None
         if self._own_sync_dir:  # tmpfs holds RAM: never left behind
             atexit.register(shutil.rmtree, self.sync_dir, True)
         self._manifest = manifest
@@ -106,12 +131,23 @@ class ServerEngine:
         self._nccl = sender_for(self)  # weight_transfer=nccl (None: checkpoint), server_nccl
         for url in self.urls:
             self._check_health(url)
-        # Servers this engine did not start hold weights it cannot vouch for (another
-        # checkpoint, another run's version): version -1 until the first sync, which loads the
-        # policy whatever their version says (`needs_sync`: the trainer syncs before rollouts).
-        self._force = not self.processes
+        # Servers paravt did not start hold weights it cannot vouch for (another checkpoint,
+        # another run's version): version -1 until the first sync, which loads the policy
+        # whatever their version says (`needs_sync`: the trainer syncs before rollouts).
+        self._force = not (bool(self.processes) if started is None else started)
         versions = [self._get(u, "/version")["version"] for u in self.urls]
         self._version = -1 if self._force else min(versions)
+        self._floor = dict(zip(self.urls, versions, strict=True))  # what each last reported
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes checkpoints and drives the servers' reload (rank 0)."""
+        return self.rank.rank == 0
+
+    @property
+    def spans_ranks(self) -> bool:
+        """Whether the trainer's ranks share these servers (a multi-rank trainer)."""
+        return self.rank.world_size > 1
 
     @property
     def child_config(self) -> EngineConfig:
@@ -155,24 +191,67 @@ class ServerEngine:
         return results
 
     def sync_weights(self, policy, version: int) -> None:
-        """Write, check and load `policy`'s weights on every server as `version`."""
+        """Write, check and load `policy`'s weights on every server as `version`.
+
+        Under a multi-rank trainer every rank calls it at the same moment: each joins the
+        gather, rank 0 alone writes and drives the reload, and every rank leaves with rank 0's
+        outcome (the same new version, or the same error)."""
         if self._nccl is not None:  # weight_transfer=nccl: paravt.rollout.server_nccl
             return self._nccl.sync(policy, version)
         import torch
 
         t0 = time.perf_counter()
-        folder = self.sync_dir / f"{os.getpid()}-v{version}"
-        write_checkpoint(
-            policy, folder, getattr(torch, self.cfg.dtype), self.cfg.sync_bucket_mb << 20
-        )
-        if self._manifest is None:
+        if self._manifest is None:  # every rank: a LoRA policy's merged names are a gather
             self._manifest = model_manifest(policy)
+        folder = self.sync_dir / f"{os.getpid()}-v{version}" if self.lead else None
+        failure = None
+        try:  # folder None: this rank only joins the gather
+            dtype, bucket = getattr(torch, self.cfg.dtype), self.cfg.sync_bucket_mb << 20
+            write_checkpoint(policy, folder, dtype, bucket)
+        except Exception as err:
+            if not self.spans_ranks:
+                raise
+            failure = err  # rank 0 hands it to every rank below; never left in a collective
+        self._version, floor = on_rank0(lambda: self._load_written(folder, version, failure))
+        if failure is not None:
+            raise failure
+        self._floor, self._force = dict(floor), False
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _load_written(
+        self, folder: Path, version: int, failure: Exception | None
+    ) -> tuple[int, dict[str, int]]:
+        """Rank 0: check the written folder, load it on every server; (the oldest version they
+        hold, each one's)."""
+        if failure is not None:
+            raise failure
         check_checkpoint(folder, self._manifest)
         self.load_checkpoint(folder, version)
         for old in self.sync_dir.glob(f"{os.getpid()}-v*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
-        self.last_sync_s = time.perf_counter() - t0
+        return self._version, self._floor
+
+    def settle(self, error: BaseException | None) -> None:
+        """After a step's (or an evaluation's) rollouts on every rank of a multi-rank trainer:
+        when any rank's failed (`error` on that rank, which raises its own afterwards), every
+        other rank raises a `RolloutServerError` quoting it, so none goes on into a collective
+        its peers never reach; and the ranks pool what each server's answers said of its
+        version (another client may have synced it), so their versions, and with them their
+        sync decisions, stay identical. One process: nothing to agree on."""
+        if not self.spans_ranks:
+            return
+        mine = (None if error is None else f"{type(error).__name__}: {error}", self._floor)
+        got = all_gather_object(mine)
+        self._floor = {u: max(floor[u] for _, floor in got) for u in self.urls}
+        self._version = max(self._version, min(self._floor.values()))
+        failed = [(r, msg) for r, (msg, _) in enumerate(got) if msg is not None]
+        if failed and error is None:
+            rank, msg = failed[0]
+            raise RolloutServerError(
+                f"trainer rank {rank}'s rollouts failed, so rank {self.rank.rank} stops the "
+                f"step too (nothing is trained on it): {msg}"
+            )
 
     # ---- servers ----------------------------------------------------------------------------
     def load_checkpoint(self, folder: str | Path, version: int, plan=SYNC_PLAN) -> None:
@@ -198,6 +277,7 @@ class ServerEngine:
                 "the sync"
             )
         self._version, self._force = min(held.values()), False
+        self._floor = held
 
     def close(self) -> None:
         """Stop the servers this engine started and remove its sync folder."""
@@ -222,16 +302,24 @@ class ServerEngine:
             got = self._post(url, "/generate", body)
         finally:
             self.router.finish(url, work)
-        self._adopt(url, int(got["version"]))
-        return [[decode_output(o) for o in outs] for outs in got["outputs"]]
+        version = int(got["version"])  # the server's own: one call runs under one version
+        self._adopt(url, version)
+        outputs = got["outputs"]
+        return [[replace(decode_output(o), version=version) for o in outs] for outs in outputs]
 
     def _adopt(self, url: str, version: int) -> None:
-        if version < self._version:
+        """A server answered under `version`: it may have moved on (another client synced it),
+        never back. The engine's version becomes the oldest any server may still sample with,
+        so a run that records it before starting never under-counts its staleness."""
+        if version < self._floor[url]:
             raise RolloutServerError(
-                f"rollout server {url} samples with weight version {version}, older than this "
-                f"engine's {self._version}: was it restarted? Its rollouts are not used"
+                f"rollout server {url} samples with weight version {version}, older than the "
+                f"{self._floor[url]} it reported before: was it restarted? Its rollouts are not "
+                "used"
             )
-        self._version = max(self._version, version)
+        self._floor[url] = version
+        if not self.spans_ranks:  # several ranks pool their servers' answers in `settle`
+            self._version = max(self._version, min(self._floor.values()))
 
     def _check_health(self, url: str) -> None:
         status = self._health(url)
@@ -268,12 +356,3 @@ class ServerEngine:
                 f"{got.get('error', got)}"
             )
         return got
-
-
-def check_world(world: int) -> None:
-    """One trainer process per set of servers (a multi-rank trainer is not supported yet)."""
-    if world > 1:
-        raise UserError(
-            f"rollout/engine=vllm_server under a {world}-rank trainer launch is not supported "
-            "yet: run the trainer as one process, or use rollout/engine=vllm (one engine per rank)"
-        )

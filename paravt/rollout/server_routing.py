@@ -8,7 +8,10 @@ Rules:
   whole to the server with the least work in flight, so the G copies of a prompt share that
   server's prefix cache; unnamed requests (sub-agent calls) are placed one by one the same way;
 - work is counted in tokens: the context plus the new tokens asked for, added when a batch is
-  sent and removed when it returns (or fails), so concurrent callers see each other's load.
+  sent and removed when it returns (or fails), so concurrent callers see each other's load;
+- ties go to the first server from `first` on (the trainer rank mod M): each rank of a
+  multi-rank trainer counts only its own work, and without the rotation every rank would send
+  its first group to the same server.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ def group_key(name: str) -> str | None:
 class Router:
     """Assigns requests to server URLs and tracks the work each has in flight."""
 
-    def __init__(self, urls: Sequence[str]):
+    def __init__(self, urls: Sequence[str], first: int = 0):
         if not urls:
             raise ValueError("a Router needs at least one server URL")
         self.urls = tuple(urls)
+        n = len(self.urls)
+        self.order = {u: (i - first) % n for i, u in enumerate(self.urls)}  # tie-break rank
         self.in_flight = dict.fromkeys(self.urls, 0)
         self.home: dict[str, tuple[str, int, int]] = {}  # name -> (url, context len, its hash)
         self.lock = threading.Lock()
@@ -48,9 +53,7 @@ class Router:
 
     def least_loaded(self, extra: dict[str, int] | None = None) -> str:
         extra = extra or {}
-        return min(
-            self.urls, key=lambda u: (self.in_flight[u] + extra.get(u, 0), self.urls.index(u))
-        )
+        return min(self.urls, key=lambda u: (self.in_flight[u] + extra.get(u, 0), self.order[u]))
 
     def assign(self, requests: Sequence[GenerationRequest], new_tokens: int) -> list[str]:
         """The server of each request (same order); records each named request's context."""

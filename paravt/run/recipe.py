@@ -341,6 +341,8 @@ def notes(cfg: DictConfig) -> list[str]:
             f"prompts{idle} (zero-weight passes; the update equals one rank's)"
         )
     engine, nodes = cfg.rollout.engine, int(cfg.trainer.get("num_nodes", 1) or 1)
+    if engine.get("name") == SERVER_ENGINE and world > 1:
+        out.append(server_ranks_note(cfg, world))
     if engine.get("name") == SERVER_ENGINE and not engine.get(URLS) and nodes > 1:
         out.append(
             f"trainer.num_nodes={nodes} with servers paravt starts: for a multi-node run start "
@@ -352,6 +354,27 @@ def notes(cfg: DictConfig) -> list[str]:
             "valid updates, not bit-equal to one rank's"
         )
     return out
+
+
+def server_ranks_note(cfg: DictConfig, world: int) -> str:
+    """How W trainer ranks share the generation servers (`paravt.rollout.server_client`)."""
+    engine = cfg.rollout.engine
+    who = "running servers" if engine.get(URLS) else "servers rank 0 starts (its URLs sent to all)"
+    if cfg.rollout.get("mode", "sync") == "async":
+        gen = (
+            "rank 0's generator process samples every step's whole batch on them and reloads "
+            "each server once per published version (every rank joins the gather)"
+        )
+    else:
+        gen = (
+            "each rank generates its own share of the groups on them; a weight sync is one "
+            "per step (every rank joins the gather, rank 0 writes one checkpoint and reloads "
+            "each server once, every rank takes its version)"
+        )
+    return (
+        f"{world} trainer ranks share the {who}: {gen}; a failed server stops every rank. "
+        "Run on CPU ranks over gloo; not verified on GPUs (NCCL)"
+    )
 
 
 def files_to_open(cfg: DictConfig) -> list[tuple[str, str]]:

@@ -476,6 +476,32 @@ def scenario_each() -> dict:
     return {"got": got, "calls": calls, "error": error}
 
 
+def scenario_server_faults(url: str) -> dict:
+    """Two ranks on one rollout server (`url`): rank 1's rollouts fail (a server died under
+    it) while rank 0's do not, then rank 0's weight sync fails (a checkpoint the manifest
+    refuses). Each rank's outcome of both: every rank must leave with an error naming the
+    cause, none left waiting in a collective."""
+    from paravt.rollout.engine import EngineConfig
+    from paravt.rollout.server_client import RolloutServerError, ServerEngine
+
+    cfg = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096)
+    engine = ServerEngine([url], cfg, manifest={"lm_head.weight": (9, 9)}, started=True)
+    rank, got = dist.get_rank(), {"before": engine.weight_version}
+    died = RolloutServerError("rollout server http://gen1:8000 failed during /generate")
+    try:
+        engine.settle(died if rank == 1 else None)  # rank 1 raises its own error after it
+        got["settle"] = None
+    except RolloutServerError as e:
+        got["settle"] = str(e)
+    try:
+        engine.sync_weights(torch.nn.Linear(3, 3), version=got["before"] + 1)
+        got["sync"] = None
+    except Exception as e:
+        got["sync"] = f"{type(e).__name__}: {e}"
+    got["after"] = engine.weight_version
+    return got
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
 
 
@@ -495,6 +521,10 @@ def main(argv: list[str]) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     if scenario == "leave":  # leave_group's barrier: model_dir is "wait" or "nowait"
         scenario_leave(model_dir == "wait", out)
+        return
+    if scenario == "server_faults":  # model_dir: a rollout server's URL
+        torch.save(scenario_server_faults(model_dir), out / f"rank{dist.get_rank()}.pt")
+        leave_group()
         return
     if scenario == "each":  # on_rank0_each (model_dir unused)
         torch.save(scenario_each(), out / f"rank{dist.get_rank()}.pt")

@@ -115,6 +115,29 @@ def test_a_truncated_file_is_refused(tmp_path):
         check_checkpoint(folder, model_manifest(model))
 
 
+def test_a_failed_write_still_runs_the_gather_to_the_end(tmp_path, monkeypatch):
+    """Under FSDP2 the gather is a collective: rank 0 must not leave it when its write fails
+    (its peers would wait in it for ever), nor a rank that writes nothing (folder None)."""
+    from paravt.rollout import server_checkpoint
+
+    real, taken = server_checkpoint._policy_buckets, []
+
+    def counted(policy, bucket_bytes):
+        for bucket in real(policy, bucket_bytes):
+            taken.append(len(bucket))
+            yield bucket
+
+    monkeypatch.setattr(server_checkpoint, "_policy_buckets", counted)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError):
+        write_checkpoint(Tiny(), blocker / "v1", torch.float32, bucket_bytes=1)
+    assert len(taken) == len(Tiny().state_dict())  # every bucket was gathered
+    taken.clear()
+    assert write_checkpoint(Tiny(), None, torch.float32, bucket_bytes=1) is None
+    assert len(taken) == len(Tiny().state_dict())
+
+
 def test_an_empty_folder_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors"):
         check_checkpoint(tmp_path, {"a": (1,)})
@@ -167,6 +190,15 @@ def test_least_work_in_flight_counts_tokens_and_finishes():
 def test_unnamed_requests_are_spread_one_by_one():
     router = Router(["A", "B"])
     assert router.assign([_req(""), _req(""), _req("")], 5) == ["A", "B", "A"]
+
+
+def test_each_trainer_rank_breaks_ties_from_its_own_server():
+    """Ranks count only their own work: with one group each, rank r must start on server
+    r mod M, or every rank's group would land on the first server."""
+    homes = [Router(["A", "B", "C"], first=r).assign([_req(f"t s{r}#0")], 5) for r in range(4)]
+    assert homes == [["A"], ["B"], ["C"], ["A"]]
+    spread = Router(["A", "B"], first=1).assign([_req(f"t s{s}#0") for s in range(3)], 5)
+    assert spread == ["B", "A", "B"]
 
 
 def test_a_failed_server_forgets_its_trajectories():
@@ -234,3 +266,17 @@ def test_started_servers_get_their_tensor_parallel_share_of_devices():
         ValueError, match=r"names 1 GPU\(s\) for num_servers=2 x tensor_parallel_size=1"
     ):
         EngineConfig(name="vllm_server", num_servers=2, devices=[7])
+
+
+def test_servers_are_not_started_by_a_launched_process_before_its_group_exists(monkeypatch):
+    """Rank 0 of the live process group starts the servers for every rank; a process of a
+    multi-process launch without its group cannot tell whether it is rank 0."""
+    from paravt.errors import UserError
+    from paravt.rollout.factory import check_one_host, check_one_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_one_launch()
+    check_one_host()  # one process: nothing to compare
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"process group is not initialised.*server_urls"):
+        check_one_launch()

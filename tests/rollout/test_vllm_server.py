@@ -179,6 +179,17 @@ def test_two_servers_share_groups_and_a_killed_one_fails_the_step_naming_it(
         mine = [set(got[n:]) for got, n in zip(names, seen, strict=True)]
         assert mine[0] and mine[1] and not mine[0] & mine[1]  # groups spread, turns stayed
 
+        # Another client (the trainer's evaluation, say) moves only the first server on: one
+        # call then samples with two versions, and each token records its server's.
+        ServerEngine([server.url], CFG).sync_weights(updated, version=2)
+        mixed = _loop(both, processor).run(samples, [4, 4, 4, 4], 1, GREEDY)
+        for t in mixed:
+            home = both.router.home[f"trajectory {t.sample_id}#{t.group_index}"][0]
+            sampled = {v for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
+            assert sampled == {2 if home == server.url else 1}, (home, sampled)
+        assert {both.router.home[n][0] for n in both.router.home} == set(urls)
+        assert both.weight_version == 1  # the oldest a server of its may still sample with
+
         def kill_when_busy() -> None:
             while both.router.in_flight[second.url] == 0:
                 time.sleep(0.01)
@@ -212,3 +223,100 @@ def test_versions_only_move_forward_when_clients_share_a_server(
     a.sync_weights(updated, version=3)  # older than the server's: skipped
     assert a.weight_version == 4
     assert http_json(f"{server.url}/version")[1]["version"] == 4
+
+
+def test_a_trajectory_paused_across_a_sync_records_each_turns_version(
+    tool_caller, server, updated, needle_samples
+):
+    """rollout.partial=true's loop on a server: one agent round, the server's weights move on
+    at the turn boundary, the next round. Each turn's tokens record the version the server
+    sampled them with (the engine learns of the new one only from the server's answer)."""
+    _, processor = tool_caller
+    engine, other = ServerEngine([server.url], CFG), ServerEngine([server.url], CFG)
+    engine.sync_weights(updated, version=5)
+    loop = _loop(engine, processor)
+    rounds = loop.start(needle_samples[:2], [4, 4], 2, GREEDY)
+    loop.advance([rounds])
+    other.sync_weights(updated, version=6)  # as the async generator's sync would
+    while not rounds.done:
+        loop.advance([rounds])
+    trajs = list(loop.finish(rounds))
+    assert any(len(t.turns) >= 2 for t in trajs)
+    for t in trajs:
+        sampled = [v for v, m in zip(t.versions, t.loss_mask, strict=True) if m]
+        assert set(sampled) == ({5, 6} if len(t.turns) >= 2 else {5}), (t.turns, sampled)
+        assert sampled == sorted(sampled)  # the first turn's tokens, then the later ones'
+
+
+def test_a_two_rank_fsdp_trainer_shares_the_server(
+    train_py, tiny_run_overrides, server, caller_dir, needle_samples, tmp_path
+):
+    """`train.py trainer=fsdp_cpu rollout/engine=vllm_server`: two FSDP2 ranks (Lightning's
+    ModelParallelStrategy over gloo) generate their own shares on this module's server. The
+    server held other weights (the tests above synced `updated` to it), so the trainer's first
+    sync must load the policy; each step is one sync however many ranks (the server counts its
+    reloads), and at a learning rate where a stale server would show, the log-probs the server
+    returned match the trainer's recomputation after each sync."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    before = http_json(f"{server.url}/stats")[1]
+    settings = {
+        "model.path": str(caller_dir),
+        "trainer": "fsdp_cpu",
+        "rollout/engine": "vllm_server",
+        "rollout.engine.server_urls": f"[{server.url}]",
+        "rollout.engine.max_model_len": "4096",
+        "cold_start": "null",
+        "model.freeze_vision": "true",
+        "data.batch_size": "2",
+        "rollout.group_size": "2",
+        "rollout.temperature": "1.2",
+        "rollout.agent.max_new_tokens": "32",
+        "optimizer.lr": "1e-3",
+        "trainer.max_steps": "2",
+        "callbacks.benchmark_validation": "null",
+        "export_hf": "false",
+    }
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
+    proc = train_py(*args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "MEMBER: 2/2" in out
+    after = http_json(f"{server.url}/stats")[1]
+    assert len(after["syncs"]) - len(before["syncs"]) == 2  # one per step, not one per rank
+    assert http_json(f"{server.url}/version")[1]["version"] == 1
+    # A rank generates one prompt a step: four prompts on the server means both ranks' shares.
+    names = after["names"][len(before["names"]) :]
+    assert {n.split(" ", 1)[1].rsplit("#", 1)[0] for n in names} == {s.id for s in needle_samples}
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+    assert run["weight_version"] == [0.0, 1.0]  # the ranks' mean: they agree on each step's
+    assert run["update/trajectories"] == [4.0, 4.0]  # both ranks trained their share
+    assert run["grad_norm"][0] > 0
+    assert max(run["loss/logprob_gap"]) < 1e-4  # the server sampled with the synced weights
+
+
+def test_a_failure_on_one_rank_fails_every_rank(server, tmp_path):
+    """Two gloo ranks with engines on this module's server: a rank whose rollouts failed makes
+    every rank raise at the step's `settle` (the others quote it), and a sync that fails on
+    rank 0 (which alone writes and drives the servers) raises the same error on every rank;
+    the launcher fails the test if any rank hangs instead."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "distributed" / "launch.py"
+    spec = importlib.util.spec_from_file_location("distributed_launch", path)
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    held = http_json(f"{server.url}/version")[1]["version"]
+    ranks = launch.launch(["server_faults", server.url, str(tmp_path)], tmp_path, timeout=180)
+    assert ranks[0]["settle"].startswith("trainer rank 1's rollouts failed, so rank 0 stops")
+    assert "rollout server http://gen1:8000 failed during /generate" in ranks[0]["settle"]
+    assert ranks[1]["settle"] is None  # the failing rank raises its own error afterwards
+    for got in ranks:
+        assert got["sync"].startswith("CheckpointError: ")
+        assert "partial checkpoint" in got["sync"]
+        assert got["before"] == got["after"] == held
+    assert http_json(f"{server.url}/version")[1]["version"] == held  # nothing was loaded
