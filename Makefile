@@ -19,9 +19,11 @@ LMMS_PACKAGES := lmms-eval==$(LMMS_EVAL_VERSION) loguru==0.7.3 pytz==2025.2
 LMMS_STAMP := $(LMMS_REF)/.installed-$(LMMS_EVAL_VERSION)-loguru-pytz
 VLLM_VENV ?= .venv-vllm
 # Test workers (pytest-xdist): a test file stays on one worker, so its module fixtures (a vLLM
-# engine or server, a tiny checkpoint) are built once; two fill CI's two cores.
+# engine or server, a tiny checkpoint) are built once; two fill CI's two cores. Files start in
+# collection order, which tests/conftest.py makes slowest first (tests/slowest_files.txt):
+# xdist's own order (most tests first) would start the few-test, minutes-long files last.
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadfile
+XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.paravt-installed
 VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input

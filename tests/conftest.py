@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny checkpoints built once per test session (nothing is downloaded), and a
-guard: a test that writes into the repository's own `runs/` or `artifacts/` fails."""
+"""Shared fixtures: tiny checkpoints built once per test session (nothing is downloaded), a
+guard: a test that writes into the repository's own `runs/` or `artifacts/` fails, and the
+order of the test files: the slowest first."""
 
 from __future__ import annotations
 
@@ -15,6 +16,27 @@ import pytest
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+# The slowest test files, slowest first, with the seconds each took (`pytest --durations`).
+# `make test` gives each xdist worker whole files (--dist loadfile) in collection order
+# (--no-loadscope-reorder): these go first, so that no long file starts last and leaves the
+# other core idle until it ends. A stale entry only costs balance; a missing file fails
+# tests/test_slowest_files.py.
+SLOWEST_FILES = Path(__file__).with_name("slowest_files.txt")
+
+
+def slowest_files() -> list[str]:
+    """The paths (from the repository root) listed in `SLOWEST_FILES`, in its order."""
+    lines = SLOWEST_FILES.read_text().splitlines()
+    return [line.split()[1] for line in lines if line.strip() and not line.startswith("#")]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(slowest_files())}
+
+    def place(item) -> int:
+        return rank.get(item.nodeid.split("::")[0], len(rank))  # the file, as xdist splits it
+
+    items.sort(key=place)  # stable: every file keeps its tests' order, the rest their order
 
 
 def run_script(

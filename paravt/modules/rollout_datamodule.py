@@ -136,8 +136,6 @@ class RolloutDataModule(PromptDataModule):
         self.budget_sampler: BudgetSampler | None = None
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None
-        self.rollout_versions: list[tuple[int, int]] = []  # (step, weight version) per batch
-        self.seen_prompts: list[tuple[int, tuple[str, ...]]] = []  # (step, prompt ids)
         self.bad_videos: dict[str, str] = {}  # video path -> error, found undecodable mid-run
         self.skipped_prompts = 0  # training prompts skipped for their video, over the run
         self.eval_video_errors: dict[str, str] = {}  # held-out video path -> error
@@ -342,8 +340,6 @@ class RolloutDataModule(PromptDataModule):
         timings = timings | {"consistency": time.perf_counter() - t0}
         version = oldest_version(trajs, default=version)
         counts = counts | checked | version_metrics(trajs, module.policy_version)
-        self.rollout_versions.append((batch.step, version))
-        self.seen_prompts.append((batch.step, tuple(s.id for s in samples)))
         self.consumed = batch.step + 1
         return RolloutBatch(
             step=batch.step,

@@ -1,7 +1,13 @@
 """The demo still learns in async mode (a generator process one step ahead, the decoupled
 loss; and with partial rollouts, trajectories resumed across weight syncs), as a user runs it:
-`python train.py rollout.mode=async ...` from an empty
-folder, the summary's held-out gain over both frame budgets read from its output."""
+`python train.py -m rollout.mode=async ... rollout.partial=false,true` from an empty folder, the
+summary's held-out gain over both frame budgets read from each job's output.
+
+The two runs are one sweep so that they share the demo's data, tiny model and cold start: the
+second job loads the first one's cold start (paravt.run.coldstart_cache restores its weights and
+RNG state, so the job runs as it would alone; tests/modules/test_coldstart_cache.py checks that)
+instead of computing it again.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +16,43 @@ import re
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # both runs, in the first test
 
 GAIN = re.compile(r"held-out accuracy, all budgets: ([\d.]+) -> ([\d.]+) \(([+-][\d.]+) points")
 
 
-@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
-def test_the_demo_learns_in_async_mode(tmp_path, train_py, partial):
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, train_py):
+    """The sweep's folder and its output, one summary per job (job 0 whole, job 1 partial)."""
+    folder = tmp_path_factory.mktemp("demo_async")
     out = train_py(
+        "-m",
         "rollout.mode=async",
         "rollout.max_staleness=1",
         "algorithm.loss=decoupled_ppo",
-        f"rollout.partial={partial}",
+        "rollout.partial=false,true",
         "name=demo_async",
-        cwd=tmp_path,
-        timeout=1500,
+        f"hydra.sweep.dir={folder / 'sweep'}",
+        cwd=folder,
+        timeout=2400,
         env={"OMP_NUM_THREADS": "2"},  # the generator and the trainer split the 2 cores
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    found = GAIN.search(out.stdout)
-    assert found, out.stdout[-3000:]
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    summaries = out.stdout.split("== paravt run")[1:]
+    assert len(summaries) == 2, out.stdout[-3000:]
+    return folder / "sweep", summaries
+
+
+@pytest.mark.parametrize(("job", "partial"), [(0, False), (1, True)], ids=["whole", "partial"])
+def test_the_demo_learns_in_async_mode(sweep, job, partial):
+    folder, summaries = sweep
+    overrides = (folder / str(job) / ".hydra" / "overrides.yaml").read_text()
+    assert f"rollout.partial={partial}" in overrides  # Hydra writes a swept bool as True / False
+    found = GAIN.search(summaries[job])
+    assert found, summaries[job][-3000:]
     before, after, points = (float(x) for x in found.groups())
     assert points >= 15.0 and after > before  # the bar: +15 points held-out through RL
-    tb = [p.parent for p in (tmp_path / "runs" / "demo_async").rglob("events.out.tfevents*")]
+    tb = [p.parent for p in (folder / str(job)).rglob("events.out.tfevents*")]
     acc = EventAccumulator(str(tb[0]), size_guidance={"scalars": 0})
     acc.Reload()
     staleness = [e.value for e in acc.Scalars("rollout/staleness")]

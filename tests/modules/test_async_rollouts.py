@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from paravt.modules.async_rollouts import keep_share
 from paravt.modules.async_worker import GeneratorError, GenResult, GenTask
 from paravt.types import Sample
-from tests.modules.test_grpo_training import train
+from tests.modules.test_grpo_training import Batches, train
 
 ASYNC = ["rollout.mode=async", "callbacks.benchmark_validation=null"]
 
@@ -70,21 +70,17 @@ def fit(tmp_path, tiny_dir, needle_dir, *extra, callbacks=()):
 def test_async_with_staleness_0_makes_the_updates_of_sync(tmp_path, tiny_qwen3_dir, needle_dir):
     steps = ["trainer.max_steps=3", "callbacks.benchmark_validation=null"]
     torch.manual_seed(0)
-    _, sync = train(tmp_path / "sync", tiny_qwen3_dir, needle_dir, *steps)
+    sync_seen, async_seen = Batches(), Batches()
+    _, sync = train(tmp_path / "sync", tiny_qwen3_dir, needle_dir, *steps, callbacks=[sync_seen])
     pids = Pids()
     torch.manual_seed(0)
-    run = fit(tmp_path / "async", tiny_qwen3_dir, needle_dir, *steps, *ASYNC, callbacks=[pids])
+    extra = [*steps, *ASYNC]
+    run = fit(tmp_path / "async", tiny_qwen3_dir, needle_dir, *extra, callbacks=[pids, async_seen])
     assert len(pids.pids) == 1 and all(gone(p) for p in pids.pids)
     # The same rollouts (token for token), versions and rewards at every step ...
-    assert (
-        run.datamodule.rollout_versions
-        == sync.datamodule.rollout_versions
-        == [
-            (0, 0),
-            (1, 1),
-            (2, 2),
-        ]
-    )
+    assert async_seen.versions == sync_seen.versions == [(0, 0), (1, 1), (2, 2)]
+    for a, b in zip(async_seen.batches, sync_seen.batches, strict=True):
+        assert [t.token_ids for t in a.trajectories] == [t.token_ids for t in b.trajectories]
     assert run.module.reward_history == sync.module.reward_history
     for key in ("loss/loss", "loss/logprob_gap", "grad_norm"):
         got, want = scalars(tmp_path / "async", key), scalars(tmp_path / "sync", key)
@@ -110,9 +106,9 @@ def test_the_staleness_bound_is_never_exceeded(
     (sampled one update back); a slow generator (long generations) makes the trainer wait; with
     partial rollouts the steps in flight share the generator's rounds. In all three, no token
     is trained more than 1 update behind, and nothing was dropped."""
-    pids = Pids(sleep_s=trainer_sleep_s)
+    pids, seen = Pids(sleep_s=trainer_sleep_s), Batches()
     tokens = 12 if trainer_sleep_s else 48
-    run = fit(
+    fit(
         tmp_path,
         tiny_qwen3_dir,
         needle_dir,
@@ -122,7 +118,7 @@ def test_the_staleness_bound_is_never_exceeded(
         f"rollout.agent.max_new_tokens={tokens}",
         f"rollout.partial={partial}",
         *ASYNC,
-        callbacks=[pids],
+        callbacks=[pids, seen],
     )
     assert all(gone(p) for p in pids.pids)
     assert max(scalars(tmp_path, "rollout/token_staleness_max")) <= 1.0  # token by token
@@ -134,8 +130,7 @@ def test_the_staleness_bound_is_never_exceeded(
     assert max(per_trajectory) <= 1
     assert staleness[0] == 0.0 and staleness[1:] == [1.0, 1.0, 1.0]  # generated a step ahead
     assert scalars(tmp_path, "rollout/stale_dropped") == [0.0] * 4
-    versions = run.datamodule.rollout_versions
-    assert versions == [(0, 0), (1, 0), (2, 1), (3, 2)]
+    assert seen.versions == [(0, 0), (1, 0), (2, 1), (3, 2)]
 
 
 class KillGenerator(Pids):

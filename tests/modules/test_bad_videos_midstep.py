@@ -20,6 +20,7 @@ from paravt.data.datasets import BadRowError, load_samples
 from paravt.run.build import build_run
 from paravt.run.summary import summary
 from paravt.video.writer import write_video
+from tests.modules.test_grpo_training import Batches
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALE = [
@@ -93,13 +94,15 @@ def test_a_video_failing_mid_step_is_skipped_counted_and_named(
 ):
     cfg = _cfg(tmp_path, tiny_qwen3_dir, rows_with_a_bad_video)
     run = build_run(cfg)
+    seen = Batches()
+    run.trainer.callbacks.append(seen)
     with caplog.at_level(logging.WARNING):
         run.trainer.fit(run.module, datamodule=run.datamodule)
     dm = run.datamodule
     # Steps 0 and 2 draw the bad prompt (batch size 1): empty steps, training goes on.
     assert run.trainer.global_step == 3
-    good_id = next(i for _, ids in dm.seen_prompts for i in ids)
-    assert dm.seen_prompts == [(0, ()), (1, (good_id,)), (2, ())]
+    good_id = next(i for _, ids in seen.prompts for i in ids)
+    assert good_id != "bad_prompt" and seen.prompts == [(0, ()), (1, (good_id,)), (2, ())]
     corrupt = str(rows_with_a_bad_video.parent / "corrupt.mp4")
     assert list(dm.bad_videos) == [corrupt] and dm.skipped_prompts == 2
     # One warning naming the file, at the first failure; the second time it is not retried.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -58,9 +59,30 @@ def local_paths(tmp_path, tiny_dir, needle_dir):
     ]
 
 
-def train(tmp_path, tiny_dir, needle_dir, *extra, ckpt_path=None):
+class Batches(pl.Callback):
+    """The batches the training step received, in order: what each step trained on."""
+
+    def __init__(self):
+        self.batches = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches.append(batch)
+
+    @property
+    def versions(self) -> list[tuple[int, int]]:
+        """(step, weight version the step's rollouts were sampled with) per trained batch."""
+        return [(b.step, b.weight_version) for b in self.batches]
+
+    @property
+    def prompts(self) -> list[tuple[int, tuple[str, ...]]]:
+        """(step, the ids of the prompts it trained on) per trained batch."""
+        return [(b.step, tuple(s.id for s in b.samples)) for b in self.batches]
+
+
+def train(tmp_path, tiny_dir, needle_dir, *extra, ckpt_path=None, callbacks=()):
     cfg = compose_cfg(CPU_SCALE + local_paths(tmp_path, tiny_dir, needle_dir) + list(extra))
     run = build_run(cfg)
+    run.trainer.callbacks.extend(callbacks)
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)
     return cfg, run
 
@@ -120,6 +142,8 @@ def test_two_step_runs_train_the_policy_not_the_vision_tower(
     overrides = [*f"experiment={name}".split(), *scale]
     run = build_run(compose_cfg(overrides + local_paths(tmp_path, tiny_qwen3_dir, needle_dir)))
     before = {k: v.clone() for k, v in run.module.policy.state_dict().items()}
+    seen = Batches()
+    run.trainer.callbacks.append(seen)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == 2
     after = run.module.policy.state_dict()
@@ -130,7 +154,7 @@ def test_two_step_runs_train_the_policy_not_the_vision_tower(
     assert changed and not (changed & visual)
     assert any(k.startswith("model.language_model") or k.startswith("lm_head") for k in changed)
     # Rollouts of step t were generated with the weights after update t-1.
-    assert run.datamodule.rollout_versions == [(0, 0), (1, 1)]
+    assert seen.versions == [(0, 0), (1, 1)]
 
 
 @pytest.mark.slow
@@ -184,18 +208,22 @@ def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_the_same_prompt_sequence(tmp_path, tiny_qwen3_dir, needle_dir):
-    _, full = train(tmp_path / "full", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4")
-    _, first = train(tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=2")
-    _, rest = train(
-        tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4", ckpt_path="last"
+    full, first, rest = Batches(), Batches(), Batches()
+    train(tmp_path / "full", tiny_qwen3_dir, needle_dir, "trainer.max_steps=4", callbacks=[full])
+    train(tmp_path / "cut", tiny_qwen3_dir, needle_dir, "trainer.max_steps=2", callbacks=[first])
+    _, resumed = train(
+        tmp_path / "cut",
+        tiny_qwen3_dir,
+        needle_dir,
+        "trainer.max_steps=4",
+        ckpt_path="last",
+        callbacks=[rest],
     )
-    assert rest.trainer.global_step == 4
-    assert (
-        first.datamodule.seen_prompts + rest.datamodule.seen_prompts == full.datamodule.seen_prompts
-    )
-    assert [s for s, _ in rest.datamodule.rollout_versions] == [2, 3]
+    assert resumed.trainer.global_step == 4
+    assert first.prompts + rest.prompts == full.prompts
+    assert [s for s, _ in full.prompts] == [0, 1, 2, 3]
     # The resumed engine continues the weight version sequence.
-    assert rest.datamodule.rollout_versions == [(2, 2), (3, 3)]
+    assert rest.versions == [(2, 2), (3, 3)]
 
 
 @pytest.mark.slow
@@ -212,6 +240,7 @@ def test_fast_dev_run_and_hf_export(tmp_path, tiny_qwen3_dir, needle_dir):
 
 @pytest.mark.slow
 def test_max_staleness_with_the_decoupled_loss(tmp_path, tiny_qwen3_dir, needle_dir):
+    seen = Batches()
     _, run = train(
         tmp_path,
         tiny_qwen3_dir,
@@ -219,9 +248,10 @@ def test_max_staleness_with_the_decoupled_loss(tmp_path, tiny_qwen3_dir, needle_
         "trainer.max_steps=4",
         "rollout.max_staleness=1",
         "algorithm.loss=decoupled_ppo",
+        callbacks=[seen],
     )
     # Weights are synced only when they would be more than 1 update old: steps 0, 2.
-    assert run.datamodule.rollout_versions == [(0, 0), (1, 0), (2, 2), (3, 2)]
+    assert seen.versions == [(0, 0), (1, 0), (2, 2), (3, 2)]
     assert run.datamodule.engine.model is not run.module.policy
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
@@ -287,15 +317,17 @@ def test_lr_scheduler_steps_with_every_update_and_rng_is_checkpointed(
 @pytest.mark.slow
 def test_dropping_every_group_still_advances_the_step(tmp_path, tiny_qwen3_dir, needle_dir):
     # G = 1: every group has zero variance, so dynamic sampling drops all of them.
+    seen = Batches()
     _, run = train(
         tmp_path,
         tiny_qwen3_dir,
         needle_dir,
         "rollout.group_size=1",
         "algorithm.advantage.drop_zero_variance=true",
+        callbacks=[seen],
     )
     assert run.trainer.global_step == 2
-    assert [s for s, _ in run.datamodule.seen_prompts] == [0, 1]
+    assert [s for s, _ in seen.prompts] == [0, 1]
 
 
 @pytest.mark.slow

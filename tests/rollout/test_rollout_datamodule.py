@@ -50,7 +50,7 @@ def test_a_prompt_batch_becomes_grouped_rollouts(policy, needle_dir):
     assert batch.budgets == tuple(8 if s.id.endswith("0") else 4 for s in prompts.samples)
     assert [t.frame_budget for t in batch.trajectories[::2]] == list(batch.budgets)
     assert (batch.weight_version, batch.staleness, batch.temperature) == (0, 0, 0.7)
-    assert dm.consumed == 1 and dm.rollout_versions == [(0, 0)]
+    assert dm.consumed == 1 and batch.step == 0
     assert {"sync", "rollout", "rollout_generate"} <= set(batch.timings)
     # Staleness 0 with the transformers engine: it samples with the policy module itself.
     assert isinstance(dm.engine, TransformersEngine) and dm.engine.model is policy.policy
