@@ -5,7 +5,11 @@ pretrained Qwen3-VL has them. `prior_stage` gives the tiny model such a prior: s
 tool-using text in a competing dialect (its own tag `<tool_code>`, one Python-style call per line
 `crop_video(start_time=..., end_time=...)`), `tool_share` of the corpus, the rest direct answers.
 The corpus is traced with the "lines" tool dialect, so its calls run and their crops come back
-before the answer: the prior learns to read crops, not to answer after an error. The short
+before the answer: the prior learns to read crops, not to answer after an error. Reading needs
+two things the text alone does not give a random tiny model (measured in docs/paradox.md): the
+answer tokens weighted apart (`answer_weight`: the answer is one of ~100 trained tokens), and a
+reading curriculum (`oracle_steps`: crops around the true needle first, as the demo's cold start
+has); without them the prior learns the format and answers at chance. The short
 cold start on the project's `<tool_call>` format then runs on top of it
 (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
 experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
@@ -64,6 +68,15 @@ class PriorConfig:
     batch_size: int = 8
     budgets: tuple[int, ...] = (2, 4)  # cycled over the corpus: (2, 4, 2, 4, 16) is 2:2:1
     train_vision: bool = True  # a pretraining stage trains the whole (random) model
+    # A reading curriculum, as the demo's cold start has: the first `oracle_steps` of `steps`
+    # train on `<tool_code>` crops around the true needle (the colour fills most crop frames),
+    # so that the random vision tower learns to see before the corpus's wide crops.
+    oracle_steps: int = 0
+    # Extra weight of the answer tokens' mean NLL (paravt.modules.sft.SFTModule): the answer
+    # is one of ~100 trained tokens, and without it the prior learns the text, not the colour.
+    answer_weight: float = 1.0
+    warmup_steps: int = 0  # linear warm-up, then cosine decay to `min_lr_ratio` * lr
+    min_lr_ratio: float = 1.0
     seed: int = 0
     cache_dir: str = "artifacts/prior_cache"
 
@@ -72,6 +85,16 @@ class PriorConfig:
             raise ValueError(
                 f"prior.steps must be >= 0 and prior.tool_share in [0, 1], got steps="
                 f"{self.steps}, tool_share={self.tool_share}"
+            )
+        if not 0 <= self.oracle_steps <= self.steps:
+            raise ValueError(
+                f"prior.oracle_steps must be in [0, prior.steps={self.steps}], got "
+                f"{self.oracle_steps}"
+            )
+        if self.oracle_steps and not self.tool_share:
+            raise ValueError(
+                "prior.oracle_steps trains on tool use, which prior.tool_share=0 rules out: "
+                "set prior.oracle_steps=0 for a prior without tools"
             )
 
 
@@ -97,12 +120,13 @@ def prior_teacher(samples: Sequence[Sample], plan: dict[str, str]) -> Callable[[
 
 
 def prior_trajectories(
-    agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig
+    agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig, oracle: bool = False
 ) -> list[Trajectory]:
     """One prior-corpus trajectory per sample: `tool_share` `<tool_code>` searches whose crops
-    come back before the answer, the rest direct answers, budgets cycling over `cfg.budgets`."""
+    come back before the answer, the rest direct answers, budgets cycling over `cfg.budgets`;
+    `oracle`: every sample's crop around its true needle instead (the reading curriculum)."""
     budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
-    mix = {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
+    mix = {"oracle": 1.0} if oracle else {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
     plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
     stage = stage_agent(agent, PRIOR_DIALECT)
     out: list[Trajectory] = []
@@ -155,14 +179,30 @@ def prior_stage(module, agent: AgentLoop, samples: Sequence[Sample], cfg: PriorC
     from paravt.modules.sft import example_from_trajectory
     from paravt.run.coldstart import ColdStartConfig, sft_stage, sft_trainable
 
-    trajs = prior_trajectories(agent, samples, cfg)
     tok = module.processor.tokenizer
-    examples = [example_from_trajectory(t, tok) for t in trajs]
-    sft = sft_stage(module.policy, module.processor, ColdStartConfig(lr=cfg.lr, steps=cfg.steps))
+    examples = [example_from_trajectory(t, tok) for t in prior_trajectories(agent, samples, cfg)]
+    lead = []
+    if cfg.oracle_steps:
+        oracle = prior_trajectories(agent, samples, cfg, oracle=True)
+        lead = [example_from_trajectory(t, tok) for t in oracle]
+    schedule = ColdStartConfig(
+        lr=cfg.lr,
+        steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+        answer_weight=cfg.answer_weight,
+    )
+    sft = sft_stage(module.policy, module.processor, schedule)
     # A pretraining stage: a LoRA policy's base weights learn the prior too.
     with sft_trainable(module.policy, cfg.train_vision, full_weights=True):
         records = sft.fit_steps(
-            examples, cfg.steps, cfg.batch_size, max_grad_norm=1.0, desc="tool prior (SFT step)"
+            examples,
+            cfg.steps,
+            cfg.batch_size,
+            lead=lead,
+            lead_steps=cfg.oracle_steps,
+            max_grad_norm=1.0,
+            desc="tool prior (SFT step)",
         )
     return [r["loss"] for r in records]
 

@@ -56,9 +56,48 @@ def test_the_prior_corpus_parses_and_every_call_returns_frames(tiny_qwen3_dir, n
     assert all(turn.text.startswith("<think>") for t in trajs for turn in t.turns)
 
 
+def test_the_oracle_corpus_crops_around_the_needle(tiny_qwen3_dir, needle_samples):
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.tools import CropConfig
+    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.run.prior import prior_trajectories
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    rl = AgentConfig(max_rounds=2, system="compact", tool_dialect="tool_call")
+    engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
+    crop = CropConfig(sample_fps=1.0, max_frames=16)
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl, crop)
+    # tool_share 0.5 would leave half the corpus direct: the oracle pass crops every sample
+    cfg = PriorConfig(steps=2, oracle_steps=1, tool_share=0.5, budgets=(2,))
+    trajs = prior_trajectories(agent, needle_samples, cfg, oracle=True)
+    assert len(trajs) == len(needle_samples)
+    for traj in trajs:
+        sample = next(s for s in needle_samples if s.id == traj.sample_id)
+        first, answer = traj.turns
+        assert "<tool_code>\ncrop_video(start_time=" in first.text
+        assert traj.num_valid_calls == traj.num_calls == len(sample.windows) >= 1
+        for result, (lo, hi) in zip(first.results, sample.windows, strict=True):
+            start, end = result.window  # the needle's window and 1 s either side
+            assert start == pytest.approx(max(0.0, lo - 1.0), abs=0.05)
+            assert end == pytest.approx(hi + 1.0, abs=0.05)
+            # most of the crop's frames show the needle (a 3 s needle in a ~5 s crop at 1 fps)
+            stamps = result.frames.timestamps
+            inside = [t for t in stamps if lo <= t < hi]
+            assert len(inside) >= 2 and len(inside) / len(stamps) >= 0.5
+        assert answer.text.endswith(f"<answer>{sample.answer}</answer>")
+
+
 def test_prior_config_checks_and_cache_key():
     with pytest.raises(ValueError, match="tool_share in"):
         PriorConfig(tool_share=1.5)
+    with pytest.raises(ValueError, match="oracle_steps must be in"):
+        PriorConfig(steps=3, oracle_steps=4)
+    with pytest.raises(ValueError, match=r"set prior\.oracle_steps=0"):
+        PriorConfig(steps=3, oracle_steps=1, tool_share=0.0)
     a = cache_key({"prior": {"steps": 3}, "model": {"path": "m"}})
     assert a == cache_key({"model": {"path": "m"}, "prior": {"steps": 3}})  # order-free
     assert a != cache_key({"prior": {"steps": 4}, "model": {"path": "m"}})
