@@ -325,8 +325,7 @@ class NcclSender:
         if failure is not None and not lead:
             raise failure
         e._force = False
-        if hasattr(e, "_seen"):  # the multi-rank client's newest version seen
-            e._seen = e._version
+        e._floor = dict.fromkeys(e.urls, e._version)  # every server holds it (checked by rank 0)
         e.last_sync_s = time.perf_counter() - t0
 
     def _engine(self, policy):
