@@ -12,7 +12,7 @@ over the 4 colours is ln 4 = 1.386.
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 import time
 from dataclasses import replace
@@ -68,5 +68,18 @@ def main(overrides: list[str]) -> None:
         show("after")
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides of experiment=demo_prior_paragrpo, e.g. prior.steps=80 "
+        "prior.oracle_steps=40",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(parse_args().overrides)
