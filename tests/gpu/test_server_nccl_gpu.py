@@ -16,25 +16,14 @@ import sys
 import pytest
 import torch
 
+from tests.logprob_gaps import logprob_gaps
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.vllm,
     # NCCL puts no two ranks on one device: the trainer on GPU 0, the server on GPU 1
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
-
-
-def _gap(model, processor, trajs, temperature: float) -> float:
-    """max |teacher-forced - behaviour| log-prob over every sampled token of `trajs`."""
-    from paravt.models.forward import TokenIds, trajectory_logprobs
-
-    ids, out = TokenIds.from_tokenizer(processor.tokenizer), 0.0
-    for traj in trajs:
-        with torch.no_grad():
-            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
-        mask = batch.loss_mask[0]
-        out = max(out, (logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
-    return out
 
 
 def test_an_nccl_sync_loads_the_policy_by_the_plan_and_its_logprobs_match(
@@ -81,8 +70,9 @@ def test_an_nccl_sync_loads_the_policy_by_the_plan_and_its_logprobs_match(
         )
         params = SamplingParams(temperature=0.7, seed=5)
         trajs = loop.run(needle_samples[:2], [4, 4], 2, params)
-        assert _gap(policy, processor, trajs, 0.7) <= 1e-3  # the new weights explain them
-        assert _gap(model.cuda(), processor, trajs, 0.7) > 1e-3  # the old ones do not
+        # the new weights explain them, the old ones do not
+        assert max(logprob_gaps(policy, processor, trajs, 0.7)) <= 1e-3
+        assert max(logprob_gaps(model.cuda(), processor, trajs, 0.7)) > 1e-3
         engine.sync_weights(model, version=2)  # the group is reused: no second rendezvous
         assert http_json(f"{server.url}/version")[1]["version"] == 2
     finally:

@@ -19,12 +19,12 @@ import torch
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.data.packing import model_rope_index
-from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.modules.sft import supervised_steps
 from paravt.rollout import EngineConfig, GenerationRequest, SamplingParams, build_engine
 from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.types import Frames, Visual
 from paravt.video.reader import VideoReader
+from tests.logprob_gaps import logprob_gaps
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingParams(greedy=True)
@@ -56,18 +56,6 @@ def vllm_engine(tool_caller, caller_dir):
 def _loop(engine, processor, mode: str) -> AgentLoop:
     cfg = AgentConfig(mode=mode, max_rounds=2, max_new_tokens=160, subagent_max_tokens=24)
     return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
-
-
-def _gaps(model, processor, trajs, temperature: float) -> list[float]:
-    """Per trajectory: max |teacher-forced - behaviour| log-prob over its sampled tokens."""
-    ids = TokenIds.from_tokenizer(processor.tokenizer)
-    out = []
-    for traj in trajs:
-        with torch.no_grad():
-            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
-        mask = batch.loss_mask[0]
-        out.append((logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
-    return out
 
 
 @pytest.mark.parametrize("mode", ["frames", "subagent"])
@@ -106,7 +94,7 @@ def test_sampled_logprobs_match_the_trainers_teacher_forced_pass(
     assert len({t.token_ids for t in trajs[:3]}) > 1 or len({t.token_ids for t in trajs[3:]}) > 1
     multi = [t for t in trajs if len(t.turns) >= 2 and t.num_tool_responses >= 2]
     assert multi, "expected multi-turn trajectories with several crops"
-    gaps = _gaps(model, processor, trajs, 0.7)
+    gaps = logprob_gaps(model, processor, trajs, 0.7)
     print(f"vLLM vs teacher-forced at T=0.7: max |delta logprob| = {max(gaps):.2e}")
     assert max(gaps) <= 1e-4
     # The rollout/trainer consistency check finds nothing in vLLM's multi-crop rollouts.
@@ -168,5 +156,5 @@ def test_weight_sync_after_an_update_refreshes_text_and_vision_caches(
     assert vllm_engine.weight_version == 1 and vllm_engine.last_sync_s > 0
     # The same videos and crop windows again: stale vision embeddings would show up here.
     after = loop.run(samples, [4, 4], 2, params)
-    assert max(_gaps(policy, processor, after, 0.7)) <= 1e-4
-    assert max(_gaps(model, processor, after, 0.7)) > 1e-3  # the old weights no longer fit
+    assert max(logprob_gaps(policy, processor, after, 0.7)) <= 1e-4
+    assert max(logprob_gaps(model, processor, after, 0.7)) > 1e-3  # the old weights no longer fit

@@ -9,28 +9,16 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import BaseView
 from paravt.modules.sft import supervised_steps
 from paravt.rollout import EngineConfig, SamplingParams, build_engine
 from paravt.video.reader import VideoReader
+from tests.logprob_gaps import logprob_gaps
 
 pytestmark = pytest.mark.vllm
 LORA = {"rank": 4, "alpha": 8.0}
 T = 0.7  # sampling temperature: the trainer scores at the same one
-
-
-def _gaps(model, processor, trajs) -> list[float]:
-    """Per trajectory: max |teacher-forced - behaviour| log-prob over its sampled tokens."""
-    ids = TokenIds.from_tokenizer(processor.tokenizer)
-    out = []
-    with torch.no_grad():
-        for traj in trajs:
-            logp, batch, _ = trajectory_logprobs(model, [traj], ids, T)
-            mask = batch.loss_mask[0]
-            out.append((logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
-    return out
 
 
 def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle_samples):
@@ -53,7 +41,7 @@ def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle
     assert engine.weight_version == 1
     after = loop.run(samples, [4, 4], 2, params)
     assert sum(t.num_trained_tokens for t in after) > 20
-    gaps = _gaps(policy, processor, after)
+    gaps = logprob_gaps(policy, processor, after, T)
     print(f"vLLM (merged LoRA) vs trainer at T={T}: max |delta logprob| = {max(gaps):.2e}")
     assert max(gaps) <= 1e-4  # the tolerance of tests/rollout/test_vllm_engine.py
-    assert max(_gaps(BaseView(policy), processor, after)) > 1e-3  # the update mattered
+    assert max(logprob_gaps(BaseView(policy), processor, after, T)) > 1e-3  # the update mattered

@@ -21,13 +21,13 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.rollout import EngineConfig, SamplingParams, build_engine
 from paravt.rollout.server_checkpoint import CheckpointError, model_manifest
 from paravt.rollout.server_client import RolloutServerError, ServerEngine, http_json
 from paravt.rollout.server_launch import start_server
 from paravt.rollout.server_protocol import SYNC_PLAN
 from paravt.video.reader import VideoReader
+from tests.logprob_gaps import logprob_gaps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a server start-up on 2 loaded cores
 GREEDY = SamplingParams(greedy=True)
@@ -83,17 +83,6 @@ def _loop(engine, processor) -> AgentLoop:
     return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
 
 
-def _gap(model, processor, trajs, temperature: float) -> float:
-    """max |teacher-forced - behaviour| log-prob over every sampled token of `trajs`."""
-    ids, out = TokenIds.from_tokenizer(processor.tokenizer), 0.0
-    for traj in trajs:
-        with torch.no_grad():
-            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
-        mask = batch.loss_mask[0]
-        out = max(out, (logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
-    return out
-
-
 def _same(a, b) -> None:
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids, f"{x.sample_id}#{x.group_index}: tokens differ"
@@ -111,7 +100,7 @@ def _exact(engine, local, policy, processor, samples) -> list:
     assert len({t.token_ids for t in sampled[:3]}) > 1  # the G copies differ
     trajs = [*greedy, *sampled]  # two-round trajectories with parallel crops among them
     assert any(len(t.turns) >= 2 and len(t.turns[0].results) >= 2 for t in trajs)
-    gap = _gap(policy, processor, sampled, SAMPLED.temperature)
+    gap = max(logprob_gaps(policy, processor, sampled, SAMPLED.temperature))
     print(f"server vs teacher-forced at T=0.7: max |delta logprob| = {gap:.2e}")
     assert gap <= 1e-4
     return greedy
@@ -138,7 +127,8 @@ def test_after_a_weight_sync_they_still_do_and_the_old_weights_no_longer_fit(
     assert http_json(f"{server.url}/version")[1]["version"] == 1  # the server's own word
     _exact(remote, local, updated, processor, needle_samples[:2])
     after = _loop(remote, processor).run(needle_samples[:2], [4, 4], 2, SAMPLED)
-    assert _gap(model, processor, after, 0.7) > 1e-3  # old weights would not explain them
+    # old weights would not explain them
+    assert max(logprob_gaps(model, processor, after, 0.7)) > 1e-3
 
 
 @pytest.mark.parametrize("skipped", ["reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache"])
