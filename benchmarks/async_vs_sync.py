@@ -62,15 +62,10 @@ def cold_start(tmp: Path, steps: int) -> Path:
 
 
 def scalars(run_dir: Path) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """Every scalar of the run's TensorBoard events, in step order."""
+    from paravt.run.curves import read_scalars
 
-    out: dict[str, list[float]] = {}
-    for events in sorted(run_dir.rglob("events.out.tfevents*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
-    return out
+    return {tag: [v for _, v in points] for tag, points in read_scalars(run_dir).items()}
 
 
 def rl(tmp: Path, model: Path, mode: str, steps: int, limit: int) -> dict[str, float]:

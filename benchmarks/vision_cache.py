@@ -132,15 +132,10 @@ def all_steps_logged(run: Path, steps: int) -> bool:
 
 def scalars(run: Path, prefixes: tuple[str, ...] = ("time/", "vision_cache/")) -> dict:
     """Every scalar of the run's TensorBoard events under `prefixes`, in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from paravt.run.curves import read_scalars
 
-    out: dict[str, list[float]] = {}
-    for events in sorted(run.rglob("events.out.tfevents*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            if tag.startswith(prefixes):
-                out.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    found = read_scalars(run).items()
+    out = {tag: [v for _, v in points] for tag, points in found if tag.startswith(prefixes)}
     if "time/update" not in out:
         raise SystemExit(f"{run}: no time/update scalars; did the training run finish a step?")
     return out
