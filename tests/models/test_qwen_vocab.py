@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -85,6 +85,10 @@ _WORDS = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(text=st.one_of(_TEXT, _WORDS, st.text(max_size=40)))
 def test_hf_tokenizer_equals_tiktoken(hf_tok, reference, text):
+    # Plain text only: an added token's string (Hypothesis also draws string constants from
+    # the code, e.g. "<|object_ref_start|>") is one id here by design, text in the reference;
+    # that split is test_specials_split_text_like_the_reference's.
+    assume(not any(token in text for token in hf_tok.get_added_vocab()))
     ref = reference.encode(text, allowed_special=set(), disallowed_special=())
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == ref
     assert hf_tok.decode(ref) == reference.decode(ref)
