@@ -24,6 +24,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SLOWEST_FILES = Path(__file__).with_name("slowest_files.txt")
 
 
+def _share_the_cores() -> None:
+    """Each xdist worker's torch gets its share of the cores (2 cores, 2 workers: 1 thread).
+
+    torch's OpenMP pool defaults to one thread per core in every process, so two workers run 4
+    threads on 2 cores; an OpenMP team waits at each barrier for its descheduled thread, and a
+    training step of the tiny model ran 3-7x slower than with one thread per worker (measured
+    side by side on this 2-core machine). The subprocesses the tests start already get
+    OMP_NUM_THREADS=1 (`run_script`); the environment variable set here covers the rest."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    import torch
+
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+_share_the_cores()
+
+
 def slowest_files() -> list[str]:
     """The paths (from the repository root) listed in `SLOWEST_FILES`, in its order."""
     lines = SLOWEST_FILES.read_text().splitlines()
