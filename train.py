@@ -26,7 +26,7 @@ def check_config(cfg: DictConfig) -> None:
     callback named by its old global package, before anything is built or logged (both stages)."""
     from hydra.utils import instantiate
 
-    from paravt.run.build import check_callback_target
+    from paravt.config_hints import check_callback_target
 
     for group in ("model", "rollout", "algorithm", "reward"):
         if cfg.get(group) is not None and "_target_" in cfg[group]:
@@ -119,19 +119,22 @@ def run_job(cfg: DictConfig) -> float | None:
 
         hc = HydraConfig.get()  # the ranks Lightning starts run this job, not the command line
         export_job(hc.overrides.task, hc.runtime.output_dir)
+        sft = cfg.get("stage", "rl") == "sft"  # experiment=sft_coldstart / demo_sft
+        # The config and paths are checked before the training stack (Lightning) is imported.
+        check_config(cfg)
+        if not sft:
+            check_inputs(cfg)
         from paravt.callbacks.progress import route_lightning_logs
         from paravt.run.build import build_run, maybe_cold_start
         from paravt.run.summary import metric_line, summary
         from paravt.sweep import optimized_metric
 
-        check_config(cfg)
         route_lightning_logs()
         announce_run_dir(cfg)
-        if cfg.get("stage", "rl") == "sft":  # cold-start SFT (experiment=sft_coldstart / demo_sft)
+        if sft:
             from paravt.run.build_sft import run_sft
 
             return run_sft(cfg)
-        check_inputs(cfg)
         run = build_run(cfg)
         run = maybe_cold_start(cfg, run)  # keeps the cold start's result for the summary
         fit_started = time.perf_counter()

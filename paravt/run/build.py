@@ -14,7 +14,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.errors import UserError
+from paravt.config_hints import check_callback_target
 from paravt.run.loggers import build_loggers, record_run
 
 log = logging.getLogger(__name__)
@@ -43,16 +43,6 @@ def build_callbacks(cfg: DictConfig) -> list:
     for name, c in entries.items():
         check_callback_target(name, str(c.get("_target_", "")))
     return [instantiate(c) for c in entries.values()]
-
-
-def check_callback_target(name: str, target: str) -> None:
-    """Refuse the callbacks' old global package name (`callbacks.X`), naming the new one."""
-    if target.startswith("callbacks."):
-        raise UserError(
-            f"callbacks.{name}._target_={target}: paravt's callbacks are the package "
-            f"`paravt.callbacks` (a global `callbacks` package is no longer installed); "
-            f"fix: callbacks.{name}._target_=paravt.{target}"
-        )
 
 
 def build_module(cfg: DictConfig, init_on_meta: bool = False):
