@@ -159,7 +159,7 @@ def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
     for cfg in prior_arms.values():
         assert (cfg.rollout.crop.sample_fps, cfg.rollout.crop.max_frames) == (1.0, 16)
         assert cfg.rollout.agent.tool_dialect == "tool_call"
-        assert (cfg.rollout.group_size, cfg.data.batch_size, cfg.trainer.max_steps) == (8, 4, 20)
+        assert (cfg.rollout.group_size, cfg.data.batch_size, cfg.trainer.max_steps) == (8, 4, 60)
     # vanilla GRPO: the reference's vanilla recipe, no think prefix, default format credits
     assert not grpo.rollout.agent.force_think and not grpo.reward.answer_suffix
     assert para.rollout.agent.force_think and para.reward.answer_suffix
