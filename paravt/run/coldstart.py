@@ -71,6 +71,14 @@ class ColdStartConfig:
     # Extra weight of the answer tokens' mean NLL: the answer is ~1 of ~135 trained tokens, so
     # with the token-mean loss alone the fixed think text and JSON drown its gradient.
     answer_weight: float = 0.0
+    # Share of the training examples replayed from a tool prior's own corpus
+    # (paravt.run.prior), as pretraining data is mixed into fine-tuning: the prior's habit then
+    # survives a cold start long enough to fit the new call format. Needs a prior stage.
+    prior_replay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prior_replay < 1.0:
+            raise ValueError(f"cold_start.prior_replay must be in [0, 1), got {self.prior_replay}")
 
 
 @dataclass
@@ -124,6 +132,18 @@ def teacher_trajectories(
         for i, traj in zip(batch, trajs, strict=True):
             out[i] = traj
     return [t for t in out if t is not None]
+
+
+def interleave(main: Sequence, extra: Sequence, share: float) -> list:
+    """`main` in order with items of `extra` (cycled, in order) spread evenly among them, so that
+    `share` of the result (rounded to whole items) comes from `extra`."""
+    if not share or not extra:
+        return list(main)
+    n_extra = round(len(main) * share / (1.0 - share))
+    total = len(main) + n_extra
+    slots = {i * total // n_extra for i in range(n_extra)}
+    mains, extras = iter(main), (extra[i % len(extra)] for i in range(n_extra))
+    return [next(extras) if j in slots else next(mains) for j in range(total)]
 
 
 def teacher_summary(
@@ -182,13 +202,15 @@ def fit(
     cfg: ColdStartConfig,
     held_out: Sequence[Trajectory] = (),
     first: Sequence[Trajectory] = (),
+    replay: Sequence[Trajectory] = (),
 ) -> ColdStartReport:
-    """`SFTModule.fit_steps` on the teacher's trajectories (cycled in order), the first
-    `cfg.oracle_steps` steps on `first` (when given), with answer-token measurements of train and
-    `held_out` trajectories before, every `cfg.eval_every` steps and after."""
+    """`SFTModule.fit_steps` on the teacher's trajectories (cycled in order; `replay`'s mixed in
+    at `cfg.prior_replay`), the first `cfg.oracle_steps` steps on `first` (when given), with
+    answer-token measurements of train and `held_out` trajectories before, every
+    `cfg.eval_every` steps and after (train: the teacher's own trajectories)."""
     tok = sft.processor.tokenizer
-    examples, lead, held = (
-        [example_from_trajectory(t, tok) for t in part] for part in (trajs, first, held_out)
+    examples, lead, held, replayed = (
+        [example_from_trajectory(t, tok) for t in part] for part in (trajs, first, held_out, replay)
     )
     report = ColdStartReport()
     splits = {"train": examples[: cfg.eval_limit], "held-out": held[: cfg.eval_limit]}
@@ -199,7 +221,7 @@ def fit(
             _measure(report, done, sft, splits)
 
     records = sft.fit_steps(
-        examples,
+        interleave(examples, replayed, cfg.prior_replay),
         cfg.steps,
         cfg.batch_size,
         lead=lead,
@@ -257,10 +279,18 @@ def cold_start(
     cfg: ColdStartConfig,
     agent: AgentLoop,
     held_out: Sequence[Sample] = (),
+    replay: Sequence[Trajectory] = (),
 ) -> ColdStartResult:
     """Fit `module.policy` to the teacher's trajectories (rendered and cropped by `agent`'s
-    renderer, reader and tools), give `agent`'s engine the new weights, and measure the
-    held-out figures per frame budget with them."""
+    renderer, reader and tools; `replay`, a tool prior's corpus, mixed in at
+    `cfg.prior_replay`), give `agent`'s engine the new weights, and measure the held-out
+    figures per frame budget with them."""
+    if cfg.prior_replay and not replay:
+        raise ValueError(
+            f"cold_start.prior_replay={cfg.prior_replay} replays a tool prior's corpus, and this "
+            "run has none: configure a prior (experiment=demo_prior_paragrpo) or set "
+            "cold_start.prior_replay=0"
+        )
     t0 = time.perf_counter()
     trajs = teacher_trajectories(agent, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
@@ -276,7 +306,7 @@ def cold_start(
         first = teacher_trajectories(agent, samples, oracle, f"first {cfg.oracle_steps} steps")
     sft = sft_stage(module.policy, module.processor, cfg)
     with sft_trainable(module.policy, cfg.train_vision, cfg.full_weights):
-        report = fit(sft, trajs, cfg, eval_trajs, first)
+        report = fit(sft, trajs, cfg, eval_trajs, first, replay)
     seconds = time.perf_counter() - t0
     # The weights changed under the same policy version: an engine with weights of its own
     # (vLLM, a stale-allowed copy) must get them before anything is measured with it.

@@ -272,7 +272,13 @@ def prior_then_cold_start(
     if prior.steps:
         notes += cached_prior(module, agent, samples, probe, prior, key_parts)
     switched = stage_agent(agent, COLD_START_DIALECT)
-    result = cold_start(module, samples, cold, switched, held_out)
+    replay = prior_trajectories(agent, samples, prior) if cold.prior_replay and prior.steps else []
+    result = cold_start(module, samples, cold, switched, held_out, replay)
+    if replay:
+        notes.append(
+            f"cold start: {cold.prior_replay:.0%} of its examples replayed from the prior's "
+            f"corpus ({len(replay)} trajectories)"
+        )
     notes += _notes(module, switched, probe, prior, [], "after the cold start")
     for line in notes:
         log.info(line)

@@ -3,7 +3,8 @@
 From the checkpoint every arm's RL starts from (the tool prior, then the cold start), P prompts x
 G rollouts at the sampling temperature at each frame budget K (the paradox benchmark: 32 x 4 at
 K = 2 and K = 16), split into rollouts that wrote a tool block ("tool") and the others ("no
-tool"): their share, the share of tool turns that reverted to `<tool_code>`, accuracy (mean
+tool"): their share, the share of tool turns that reverted to `<tool_code>`, the share of calls
+that ran (parsed and returned a crop; a malformed `<tool_call>` gets an error back), accuracy (mean
 R_acc), no-answer rate (no closed `<answer>`), truncation rate (out of context or of new
 tokens), and mean reward, raw and shaped as the arms shape it.
 It tells whether the prior has what RL can lose: tool use common enough to matter, and paying
@@ -39,6 +40,7 @@ class DiagnosticRow:
     rollouts: int
     share: float  # of the budget's rollouts
     reverted: float  # share of the split's tool turns written in the prior's `<tool_code>`
+    ran: float  # share of the split's calls that ran (the others got an error back)
     accuracy: float
     no_answer: float
     truncated: float
@@ -49,6 +51,12 @@ class DiagnosticRow:
 def is_truncated(traj: Trajectory) -> bool:
     """Stopped by the context limit or by the per-turn token cap, not by the model."""
     return traj.truncated or traj.finish_reason == "length"
+
+
+def calls_ran(trajs: Sequence[Trajectory]) -> float:
+    """Share of the calls of `trajs` that ran (0.0 without calls)."""
+    calls = sum(t.num_calls for t in trajs)
+    return sum(t.num_valid_calls for t in trajs) / calls if calls else 0.0
 
 
 def shaped_totals(rewards: Sequence[RewardBreakdown], cfg: AdvantageConfig) -> list[float]:
@@ -84,6 +92,7 @@ def diagnostic_rows(
                 rollouts=n,
                 share=n / len(trajs) if trajs else 0.0,
                 reverted=tag_reversion([trajs[i] for i in picked]),
+                ran=calls_ran([trajs[i] for i in picked]),
                 accuracy=mean([r.accuracy for r in rewards]),
                 no_answer=mean([float(not closed_answer(t.response_text)) for t in trajs]),
                 truncated=mean([float(is_truncated(t)) for t in trajs]),
@@ -123,15 +132,15 @@ def run_diagnostic(
 
 
 def diagnostic_table(rows: Sequence[DiagnosticRow]) -> str:
-    """Markdown rows `K | split | rollouts | share | reverted | accuracy | no answer | truncated |
-    reward | shaped`; a split without rollouts shows dashes."""
+    """Markdown rows `K | split | rollouts | share | reverted | calls ran | accuracy | no answer |
+    truncated | reward | shaped`; a split without rollouts shows dashes."""
     head = (
-        "| K | split | rollouts | share | reverted | accuracy | no answer | truncated | reward "
-        "| shaped |"
+        "| K | split | rollouts | share | reverted | calls ran | accuracy | no answer | truncated "
+        "| reward | shaped |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
-        figures = (r.reverted, r.accuracy, r.no_answer, r.truncated, r.reward, r.shaped)
+        figures = (r.reverted, r.ran, r.accuracy, r.no_answer, r.truncated, r.reward, r.shaped)
         cells = [f"{v:.3f}" if r.rollouts else "-" for v in figures]
         lines.append(
             f"| {r.budget} | {r.split} | {r.rollouts} | {r.share:.2f} | " + " | ".join(cells) + " |"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paravt.run.coldstart import ColdStartConfig, lr_factor
+from paravt.run.coldstart import ColdStartConfig, cold_start, interleave, lr_factor
 from paravt.run.report import BudgetResult, before_after_table, gain_line, pooled
 
 
@@ -17,6 +17,22 @@ def test_lr_factor_warms_up_then_decays_to_the_floor():
     assert lr_factor(99, cfg) == pytest.approx(0.1, abs=1e-3)
     assert lr_factor(55, cfg) < lr_factor(30, cfg)
     assert lr_factor(50, ColdStartConfig(steps=100)) == 1.0  # defaults: constant
+
+
+def test_interleave_spreads_the_replayed_share_evenly():
+    # a quarter of 8 items from the replay: 6 teacher items, 2 replayed, one per half
+    assert interleave("abcdef", "XY", 0.25) == ["X", "a", "b", "c", "Y", "d", "e", "f"]
+    # a half: 4 replayed among 4, alternating, the short replay cycled
+    assert interleave("abcd", "X", 0.5) == ["X", "a", "X", "b", "X", "c", "X", "d"]
+    assert interleave("abc", "XY", 0.0) == ["a", "b", "c"]
+
+
+def test_prior_replay_needs_a_prior_and_a_share_below_one():
+    with pytest.raises(ValueError, match=r"prior_replay must be in \[0, 1\)"):
+        ColdStartConfig(prior_replay=1.0)
+    cfg = ColdStartConfig(prior_replay=0.4)
+    with pytest.raises(ValueError, match=r"cold_start\.prior_replay=0"):
+        cold_start(None, [], cfg, None)
 
 
 def test_before_after_table_pools_budgets_and_states_the_standard_error():

@@ -203,3 +203,26 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     other = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
     prior_then_cold_start(host, agent, needle_samples, needle_samples[:1], other, cold, parts)
     assert len(list(tmp_path.iterdir())) == 4
+
+
+def test_the_cold_start_replays_the_prior_corpus_when_asked(tiny, needle_samples, tmp_path):
+    from paravt.run.coldstart import ColdStartConfig
+    from paravt.run.prior import prior_then_cold_start
+
+    model, processor = tiny
+    agent = _agent(processor, model)
+    prior = PriorConfig(steps=1, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    cold = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), eval_limit=1, prior_replay=0.5)
+    result = prior_then_cold_start(
+        _Host(model, processor), agent, needle_samples, needle_samples[:1], prior, cold, {}
+    )
+    n = len(needle_samples)
+    assert f"cold start: 50% of its examples replayed from the prior's corpus ({n} " in "\n".join(
+        result.notes
+    )
+    # without a prior stage there is nothing to replay: a clear error, not a silent no-op
+    none = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="replays a tool prior's corpus"):
+        prior_then_cold_start(
+            _Host(model, processor), agent, needle_samples, needle_samples[:1], none, cold, {}
+        )

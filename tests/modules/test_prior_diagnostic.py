@@ -15,18 +15,20 @@ CALL = (ParsedCall(0, "<tool_call>", call=ToolCall("crop_video", {})),)
 REVERTED = "<tool_code>\ncrop_video(start_time=0, end_time=16)\n</tool_code>"
 
 
-def traj(text: str, calls: int = 0, truncated: bool = False, reason: str = "stop") -> Trajectory:
+def traj(
+    text: str, calls: int = 0, truncated: bool = False, reason: str = "stop", ran: int = 0
+) -> Trajectory:
     turns = (Turn(text, calls=CALL),) if calls else (Turn(text),)
     return Trajectory(
-        "s", 0, (1,), (1,), (0.0,), (), 0, turns=turns, num_calls=calls,
+        "s", 0, (1,), (1,), (0.0,), (), 0, turns=turns, num_calls=calls, num_valid_calls=ran,
         truncated=truncated, finish_reason=reason,
     )  # fmt: skip
 
 
 def test_rows_split_tool_and_no_tool_rollouts_by_hand():
     trajs = [
-        traj("<answer>B</answer>", calls=2),  # tool, right
-        traj(REVERTED, calls=1, truncated=True),  # tool in the prior's tag, cut by the context
+        traj("<answer>B</answer>", calls=2, ran=2),  # tool, right, both crops returned
+        traj(REVERTED, calls=1, truncated=True),  # the prior's tag (an error back), cut short
         traj("<answer>B</answer>"),  # no tool, right
         traj("I think", reason="length"),  # no tool, no answer, cut by the token cap
     ]
@@ -38,6 +40,7 @@ def test_rows_split_tool_and_no_tool_rollouts_by_hand():
     ]
     tool, direct = diagnostic_rows(2, trajs, rewards, SHAPING)
     assert (tool.split, tool.rollouts, tool.share, tool.reverted) == ("tool", 2, 0.5, 0.5)
+    assert tool.ran == pytest.approx(2 / 3) and direct.ran == 0.0  # 2 of 3 calls; no calls
     assert (tool.accuracy, tool.no_answer, tool.truncated) == (0.5, 0.5, 0.5)
     # raw (2.8 + 0.9) / 2; shaped: 26 -> 20 and 7, so 13.5
     assert tool.reward == pytest.approx(1.85) and tool.shaped == pytest.approx(13.5)
@@ -52,7 +55,7 @@ def test_an_empty_split_is_zero_and_shows_dashes():
     rows = diagnostic_rows(16, [traj("<answer>B</answer>")], [RewardBreakdown(total=2.0)], SHAPING)
     assert rows[0].rollouts == 0 and rows[0].accuracy == 0.0 and rows[1].share == 1.0
     table = diagnostic_table(rows)
-    assert "| 16 | tool | 0 | 0.00 | - | - | - | - | - | - |" in table
+    assert "| 16 | tool | 0 | 0.00 | - | - | - | - | - | - | - |" in table
     assert "| 16 | no tool | 1 | 1.00 |" in table
     with pytest.raises(ValueError, match="1 rewards for 2 rollouts"):
         diagnostic_rows(2, [traj("x"), traj("y")], [RewardBreakdown(total=0.0)], SHAPING)
