@@ -173,7 +173,14 @@ def test_parsed_calls_and_tool_results_give_r_tool() -> None:
     r = compute_reward(TOOL, "B", "mcq", calls=[call], tool_results=[done])
     assert r.tool == pytest.approx(0.8)  # R_tool = 0.3 + 0.5 (a response, a correct answer)
     failed = ToolResult(0, "crop_video", error="window outside the video")
-    assert compute_reward(TOOL, "B", "mcq", calls=[call], tool_results=[failed]).tool == 0.1
+    # A failed call still earns the correctness bonus (the reference's rule): 0.1 + 0.5; with a
+    # wrong answer only the call's 0.1.
+    assert compute_reward(
+        TOOL, "B", "mcq", calls=[call], tool_results=[failed]
+    ).tool == pytest.approx(0.6)
+    assert compute_reward(
+        TOOL, "A", "mcq", calls=[call], tool_results=[failed]
+    ).tool == pytest.approx(0.1)
     # Neither calls nor counts for a text that calls a tool: refused, not R_tool = 0.
     with pytest.raises(ValueError, match="pass calls="):
         compute_reward(TOOL, "B", "mcq")
