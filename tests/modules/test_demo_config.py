@@ -110,6 +110,22 @@ def prior_arms():
         }
 
 
+def test_vanilla_grpo_arm_gets_r_tool_as_the_reference(prior_arms):
+    """The reference's vanilla recipe adds R_tool with weight 1; only the no-R_tool arm drops it."""
+    from paravt.rewards.compose import RewardWeights
+    from paravt.rewards.tool import tool_reward
+
+    for arm, cfg in prior_arms.items():
+        w = instantiate(cfg.reward)
+        assert isinstance(w, RewardWeights)
+        assert w.tool_weight == (0.0 if arm == "no_tool_reward" else 1.0), arm
+        kw = {"call_reward": w.call_reward, "response_reward": w.response_reward}
+        kw["correct_bonus"] = w.correct_bonus
+        # a correct answer after a call that failed: 0.1 + 0.5; after one that ran: 0.3 + 0.5
+        assert tool_reward(1, 0, 1.0, **kw) == pytest.approx(0.6), arm
+        assert tool_reward(1, 1, 1.0, **kw) == pytest.approx(0.8), arm
+
+
 def test_every_paradox_arm_shapes_rewards_as_the_reference(prior_arms):
     import torch
 
