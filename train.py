@@ -26,7 +26,7 @@ def check_config(cfg: DictConfig) -> None:
     callback named by its old global package, before anything is built or logged (both stages)."""
     from hydra.utils import instantiate
 
-    from paravt.config_hints import check_callback_target
+    from paravt.errors import check_callback_target
 
     for group in ("model", "rollout", "algorithm", "reward"):
         if cfg.get(group) is not None and "_target_" in cfg[group]:

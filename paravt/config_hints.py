@@ -32,18 +32,6 @@ RENAMED = {
 }
 
 
-def check_callback_target(name: str, target: str) -> None:
-    """Refuse the callbacks' old global package name (`callbacks.X`), naming the new one."""
-    from paravt.errors import UserError
-
-    if target.startswith("callbacks."):
-        raise UserError(
-            f"callbacks.{name}._target_={target}: paravt's callbacks are the package "
-            f"`paravt.callbacks` (a global `callbacks` package is no longer installed); "
-            f"fix: callbacks.{name}._target_=paravt.{target}"
-        )
-
-
 def renamed(key: str) -> str | None:
     """The current name of a renamed `key` (or of a key under a renamed one), else None."""
     for old in sorted(RENAMED, key=len, reverse=True):  # the most specific rename first

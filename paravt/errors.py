@@ -153,3 +153,13 @@ def _did_you_mean(first_line: str, cause: BaseException | None) -> str:
         return ""
     near = difflib.get_close_matches(key.group(1), names, n=1, cutoff=0.6)
     return f" did you mean '{near[0]}'?" if near else ""
+
+
+def check_callback_target(name: str, target: str) -> None:
+    """Refuse the callbacks' old global package name (`callbacks.X`), naming the new one."""
+    if target.startswith("callbacks."):
+        raise UserError(
+            f"callbacks.{name}._target_={target}: paravt's callbacks are the package "
+            f"`paravt.callbacks` (a global `callbacks` package is no longer installed); "
+            f"fix: callbacks.{name}._target_=paravt.{target}"
+        )

@@ -14,7 +14,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.config_hints import check_callback_target
+from paravt.errors import check_callback_target
 from paravt.run.loggers import build_loggers, record_run
 
 log = logging.getLogger(__name__)
