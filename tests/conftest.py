@@ -28,9 +28,9 @@ def _share_the_cores() -> None:
     """Each xdist worker's torch gets its share of the cores (2 cores, 2 workers: 1 thread).
 
     torch's OpenMP pool defaults to one thread per core in every process, so two workers run 4
-    threads on 2 cores; an OpenMP team waits at each barrier for its descheduled thread, and a
-    training step of the tiny model ran 3-7x slower than with one thread per worker (measured
-    side by side on this 2-core machine). The subprocesses the tests start already get
+    threads on 2 cores; an OpenMP team waits at each barrier for its descheduled thread: with
+    other work on a 2-core machine, a training step of the tiny model ran 3-7x slower than with
+    one thread per worker (measured side by side). The subprocesses the tests start already get
     OMP_NUM_THREADS=1 (`run_script`); the environment variable set here covers the rest."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
