@@ -26,6 +26,7 @@ of one experiment and their reruns share one prior and one cold start.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -174,13 +175,22 @@ def dialect_rates(
     }
 
 
-def prior_stage(module, agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig) -> list:
-    """Supervised steps of `module.policy` on the prior's corpus; returns the step losses."""
+def prior_stage(
+    module,
+    agent: AgentLoop,
+    samples: Sequence[Sample],
+    cfg: PriorConfig,
+    corpus: Sequence[Trajectory] | None = None,
+) -> list:
+    """Supervised steps of `module.policy` on the prior's corpus (`corpus` when already traced,
+    else `prior_trajectories`'); returns the step losses."""
     from paravt.modules.sft import example_from_trajectory
     from paravt.run.coldstart import ColdStartConfig, sft_stage, sft_trainable
 
     tok = module.processor.tokenizer
-    examples = [example_from_trajectory(t, tok) for t in prior_trajectories(agent, samples, cfg)]
+    if corpus is None:
+        corpus = prior_trajectories(agent, samples, cfg)
+    examples = [example_from_trajectory(t, tok) for t in corpus]
     lead = []
     if cfg.oracle_steps:
         oracle = prior_trajectories(agent, samples, cfg, oracle=True)
@@ -228,10 +238,19 @@ def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> li
     ]
 
 
-def cached_prior(module, agent: AgentLoop, samples, probe, prior: PriorConfig, key_parts: dict):
+def cached_prior(
+    module,
+    agent: AgentLoop,
+    samples,
+    probe,
+    prior: PriorConfig,
+    key_parts: dict,
+    corpus: Callable[[], list[Trajectory]] | None = None,
+):
     """The prior stage on `module.policy`, or its policy loaded from `cache_dir/prior-<key>`
     (the key without the cold start's config, so that tuning the cold start reuses the prior);
-    returns the prior's notes."""
+    returns the prior's notes. `corpus`: the prior's corpus, traced on first call (shared with
+    the cold start's replay), else traced here."""
     from paravt.modules.checkpoint import atomic_torch_save
 
     key = stages_key(prior, {k: v for k, v in key_parts.items() if k != "cold_start"})
@@ -241,7 +260,7 @@ def cached_prior(module, agent: AgentLoop, samples, probe, prior: PriorConfig, k
         module.policy.load_state_dict(payload["policy"])
         log.info("tool prior loaded from %s", path)
         return [*payload["notes"], f"tool prior: cache prior-{key} reused"]
-    losses = prior_stage(module, agent, samples, prior)
+    losses = prior_stage(module, agent, samples, prior, corpus() if corpus else None)
     notes = _notes(module, stage_agent(agent, PRIOR_DIALECT), probe, prior, losses, "tool prior")
     atomic_torch_save({"policy": module.policy.state_dict(), "notes": notes}, path)
     return notes
@@ -269,10 +288,13 @@ def prior_then_cold_start(
         return replace(result, notes=(*result.notes, note), cached=True)
     t0 = time.perf_counter()
     notes: list[str] = []
+    # The prior's corpus is traced at most once: the prior stage (unless cached) and the cold
+    # start's replay share it.
+    corpus = functools.cache(lambda: prior_trajectories(agent, samples, prior))
     if prior.steps:
-        notes += cached_prior(module, agent, samples, probe, prior, key_parts)
+        notes += cached_prior(module, agent, samples, probe, prior, key_parts, corpus)
     switched = stage_agent(agent, COLD_START_DIALECT)
-    replay = prior_trajectories(agent, samples, prior) if cold.prior_replay and prior.steps else []
+    replay = corpus() if cold.prior_replay and prior.steps else []
     result = cold_start(module, samples, cold, switched, held_out, replay)
     if replay:
         notes.append(

@@ -80,7 +80,7 @@ def diagnostic_rows(
     rows = []
     for split in SPLITS:
         picked = [i for i, t in enumerate(trajs) if (t.num_calls > 0) == (split == "tool")]
-        n = len(picked)
+        n, chosen = len(picked), [trajs[i] for i in picked]
 
         def mean(values: Sequence[float], picked: list[int] = picked, n: int = n) -> float:
             return sum(values[i] for i in picked) / n if n else 0.0
@@ -91,8 +91,8 @@ def diagnostic_rows(
                 split=split,
                 rollouts=n,
                 share=n / len(trajs) if trajs else 0.0,
-                reverted=tag_reversion([trajs[i] for i in picked]),
-                ran=calls_ran([trajs[i] for i in picked]),
+                reverted=tag_reversion(chosen),
+                ran=calls_ran(chosen),
                 accuracy=mean([r.accuracy for r in rewards]),
                 no_answer=mean([float(not closed_answer(t.response_text)) for t in trajs]),
                 truncated=mean([float(is_truncated(t)) for t in trajs]),

