@@ -24,6 +24,8 @@ VLLM_VENV ?= .venv-vllm
 # xdist's own order (most tests first) would start the few-test, minutes-long files last.
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+# The 20 slowest tests' setup and call times close each run's log: where the suite's time goes.
+DURATIONS := --durations=20
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.paravt-installed
 VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
@@ -73,11 +75,11 @@ lint: $(STAMP)
 
 # Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
 test: lint $(VSTAMP) $(LMMS_STAMP)
-	$(PY) -m pytest -q $(XDIST) -m 'not gpu and not vllm'
+	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m 'not gpu and not vllm'
 	$(MAKE) test-vllm
 
 test-vllm: $(VSTAMP)
-	$(VLLM_ENV) $(VPY) -m pytest -q $(XDIST) -m 'vllm and not gpu' -p no:cacheprovider
+	$(VLLM_ENV) $(VPY) -m pytest -q $(XDIST) $(DURATIONS) -m 'vllm and not gpu' -p no:cacheprovider
 
 # The embedded default: PARA-GRPO on CPU with a tiny local Qwen3-VL and synthetic needle videos.
 demo: $(STAMP)
