@@ -21,18 +21,9 @@ LORA = {"rank": 4, "alpha": 8.0}
 LR = 1e-3
 
 
-def _worker():
-    """tests/distributed/worker.py: this package's module in the test process (the 1-rank run),
-    the script's folder's module in a launched rank."""
-    try:
-        from . import worker
-    except ImportError:  # launched: worker.py is the script, its folder is on sys.path
-        import worker
-    return worker
-
-
 def run(model_dir: str, out: Path, batches_path: Path) -> dict:
-    worker = _worker()
+    import worker  # tests/distributed, this script's folder
+
     from paravt.models.loading import PolicySpec
     from paravt.modules.grpo import GRPOModule
     from paravt.rewards.compose import RewardWeights
@@ -63,7 +54,8 @@ def run(model_dir: str, out: Path, batches_path: Path) -> dict:
 def _engines(module, model_dir: str, trajs) -> dict:
     """The weights and log-probs of an engine copy and of a synced base model, next to the
     (sharded) policy's log-probs on `trajs`."""
-    worker = _worker()
+    import worker  # tests/distributed, this script's folder
+
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout.engine import EngineConfig
     from paravt.rollout.factory import engine_copy

@@ -1,15 +1,14 @@
 """GRPOModule itself under Lightning's ModelParallelStrategy (FSDP2, 2 CPU ranks over gloo).
 
 The same fixed rollout batches (real rollouts of the tiny model through the agent loop, sampled
-once here) are trained for 5 steps on 1 process (this one: plain Lightning) and on 2 launched
-ranks (steps 4 and 5 with 3 and 1 prompts: uneven shares, rank 1 empty in step 5), each rank
-taking its half of every step's prompts as the RolloutDataModule serves them. KL (a sharded
-reference), the structural anchor and many token-budget micro-batches are on; in step 3 all of
-rank 0's groups have zero reward variance and are dropped, so rank 0 trains nothing while rank 1
-runs its micro-batches: the zero-weight dummy passes must keep the collectives in step (no hang)
-and leave the result equal to the one-process update. The 2-rank module starts as a meta-device
-skeleton (rank 0 alone reads the checkpoint and fills the shards), as `train.py trainer=fsdp`
-builds it.
+once here) are trained for 5 steps on 1 process and on 2 (steps 4 and 5 with 3 and 1 prompts:
+uneven shares, rank 1 empty in step 5), each rank taking its half of every
+step's prompts as the RolloutDataModule serves them. KL (a sharded reference), the structural
+anchor and many token-budget micro-batches are on; in step 3 all of rank 0's groups have zero
+reward variance and are dropped, so rank 0 trains nothing while rank 1 runs its micro-batches:
+the zero-weight dummy passes must keep the collectives in step (no hang) and leave the result
+equal to the one-process update. The 2-rank module starts as a meta-device skeleton (rank 0
+alone reads the checkpoint and fills the shards), as `train.py trainer=fsdp` builds it.
 """
 
 from __future__ import annotations
@@ -34,11 +33,10 @@ def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     batches.append(worker.first_prompts(batches[0], step=3, prompts=3))
     batches.append(worker.first_prompts(batches[1], step=4, prompts=1))
     torch.save(batches, root / "batches.pt")
-    (root / "one").mkdir()
-    one = worker.scenario_grpo(str(tiny_qwen3_dir), root / "one", root / "batches.pt")  # here
-    args = ["grpo", str(tiny_qwen3_dir), str(root / "two"), str(root / "batches.pt")]
-    two = launch(args, root / "two", world_size=2)
-    return one, two
+    args = ["grpo", str(tiny_qwen3_dir)]
+    one = launch([*args, str(root / "one"), str(root / "batches.pt")], root / "one", world_size=1)
+    two = launch([*args, str(root / "two"), str(root / "batches.pt")], root / "two", world_size=2)
+    return one[0], two
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -2,12 +2,12 @@
 equals 1 rank.
 
 The same fixed rollout batches (real rollouts of the tiny model, sampled once here; the third
-step has 3 prompts, dealt 2 + 1) are trained on 1 process (this one: plain Lightning) and on 2
-launched ranks (a meta-device skeleton that rank 0 fills, as `train.py trainer=fsdp` builds it),
-KL on (the reference is the policy with its adapters off, sharded with it). Asserted: the
-adapters and the losses of both runs agree, only adapter tensors moved, the engines (a
-transformers copy, a synced base model) hold base + scale * B @ A gathered from the shards and
-give the sharded policy's log-probs, and the checkpoint holds the adapters.
+step has 3 prompts, dealt 2 + 1) are trained on 1 process and on 2 (a meta-device skeleton that
+rank 0 fills, as `train.py trainer=fsdp` builds it), KL on (the reference is the policy with its
+adapters off, sharded with it). Asserted: the adapters and the losses of both runs agree, only
+adapter tensors moved, the engines (a transformers copy, a synced base model) hold base +
+scale * B @ A gathered from the shards and give the sharded policy's log-probs, and the
+checkpoint holds the adapters.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from paravt.models.loading import PolicySpec, load_policy
 
-from . import lora_worker, worker
+from . import worker
 from .launch import launch
 from .lora_worker import LORA
 
@@ -31,11 +31,10 @@ def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     batches = worker.rollout_batches(str(tiny_qwen3_dir), needle_samples, steps=2, group=4)
     batches.append(worker.first_prompts(batches[0], step=2, prompts=3))
     torch.save(batches, root / "batches.pt")
-    (root / "one").mkdir()
-    one = lora_worker.run(str(tiny_qwen3_dir), root / "one", root / "batches.pt")  # here
-    args = ["lora", str(tiny_qwen3_dir), str(root / "two"), str(root / "batches.pt")]
-    two = launch(args, root / "two", world_size=2)
-    return one, two, root
+    args = ["lora", str(tiny_qwen3_dir)]
+    one = launch([*args, str(root / "one"), str(root / "batches.pt")], root / "one", world_size=1)
+    two = launch([*args, str(root / "two"), str(root / "batches.pt")], root / "two", world_size=2)
+    return one[0], two, root
 
 
 def _split(weights: dict) -> tuple[dict, dict]:
