@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -45,28 +47,38 @@ def test_simulated_nccl_accepts_what_the_layer_builds_and_refuses_hand_made_tens
         collectives.all_reduce(collectives.on_collective_device([1.0], torch.float64))
 
 
-@pytest.mark.parametrize("wait", [True, False])
-def test_leave_group_waits_for_a_slow_peer_unless_leaving_on_an_error(tmp_path, wait):
+@pytest.fixture(scope="module")
+def each_then_leave(tmp_path_factory) -> tuple[list[dict], Path]:
+    """One 2-rank launch: `on_rank0_each`, then `leave_group` waiting for a slow rank 1."""
     from .launch import launch
 
-    out = tmp_path / "out"
-    if wait:
-        launch(["leave", "wait", str(out)], out, world_size=2, timeout=120)
-    else:  # rank 0 leaves at once; rank 1's barrier then finds no peer and fails
-        with pytest.raises(AssertionError, match=r"ranks \[1\] failed"):
-            launch(["leave", "nowait", str(out)], out, world_size=2, timeout=120)
-    arrived0, left0 = (float(x) for x in (out / "left0.txt").read_text().split())
-    if wait:
-        arrived1 = float((out / "left1.txt").read_text().split()[0])
-        assert left0 >= arrived1  # rank 0 left only once the slow rank 1 had arrived
-    else:
-        assert left0 - arrived0 < 1.5  # it did not wait out its peer
+    out = tmp_path_factory.mktemp("each_then_leave")
+    return launch(["each", "-", str(out)], out, world_size=2, timeout=120), out
 
 
-def test_on_rank0_each_sends_each_rank_only_its_part_and_rank_0s_error(tmp_path):
+def _left(out: Path, rank: int) -> tuple[float, float]:
+    """(when `rank` arrived at leave_group, when it left)."""
+    arrived, left = (float(x) for x in (out / f"left{rank}.txt").read_text().split())
+    return arrived, left
+
+
+def test_leave_group_waits_for_a_slow_peer(each_then_leave):
+    _, out = each_then_leave
+    assert _left(out, 0)[1] >= _left(out, 1)[0]  # rank 0 left only once rank 1 had arrived
+
+
+def test_leave_group_on_an_error_does_not_wait_for_a_slow_peer(tmp_path):
     from .launch import launch
 
-    seen = launch(["each", "-", str(tmp_path)], tmp_path, world_size=2, timeout=120)
+    out = tmp_path / "out"  # rank 0 leaves at once; rank 1's barrier then finds no peer and fails
+    with pytest.raises(AssertionError, match=r"ranks \[1\] failed"):
+        launch(["leave", "nowait", str(out)], out, world_size=2, timeout=120)
+    arrived0, left0 = _left(out, 0)
+    assert left0 - arrived0 < 1.5  # it did not wait out its peer
+
+
+def test_on_rank0_each_sends_each_rank_only_its_part_and_rank_0s_error(each_then_leave):
+    seen, _ = each_then_leave
     assert [s["got"] for s in seen] == [[10, 11, 12], [13, 14, 15]]
     assert [s["calls"] for s in seen] == [[0], []]  # fetched once, by rank 0
     assert [s["error"] for s in seen] == ["the generator failed"] * 2

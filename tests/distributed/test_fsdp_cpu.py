@@ -1,7 +1,9 @@
 """FSDP2 on 2 CPU ranks over gloo: sharding, bucketed full weights, 2 ranks == 1 rank, resume.
 
-One 2-rank training run (module fixture) and one 2-rank resume run serve every test here; the
-single-rank reference runs in this process on the unsharded model with the same loop.
+One 2-rank launch (module fixture) serves every test here but the Lightning one: the training
+run, then, in the same processes, the resume (a fresh model and optimiser restored from the
+step-2 checkpoint on disk). The single-rank reference runs in this process on the unsharded
+model with the same loop.
 """
 
 from __future__ import annotations
@@ -17,14 +19,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs(tiny_qwen3_dir, tmp_path_factory):
-    """(train results per rank, resume results per rank) of the two 2-rank launches."""
+    """(train results per rank, resume results per rank) of the 2-rank launch."""
     root = tmp_path_factory.mktemp("fsdp_cpu")
     train = launch(["train", str(tiny_qwen3_dir), str(root / "train")], root / "train")
-    resume = launch(
-        ["resume", str(tiny_qwen3_dir), str(root / "resume"), str(root / "train" / "ckpt")],
-        root / "resume",
-    )
-    return train, resume, root
+    return train, [res.pop("resume") for res in train], root
 
 
 @pytest.fixture(scope="module")

