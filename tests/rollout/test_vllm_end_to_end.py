@@ -61,29 +61,32 @@ def caller_ckpt(tool_caller, tmp_path_factory):
 def test_evaluate_with_vllm_equals_the_transformers_engine(
     train_py, caller_ckpt, needle_dir, tmp_path
 ):
+    """One `evaluate.py -m rollout/engine=hf,vllm` sweep (one process, two jobs), each job
+    writing its own out_dir: the vLLM job's predictions and metrics equal the transformers'."""
+    _run(
+        train_py,
+        "evaluate.py",
+        [
+            "-m",
+            "rollout/engine=hf,vllm",
+            "benchmark=needle",
+            f"model.path={caller_ckpt}",
+            "model.build_tiny=null",
+            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+            f"out_dir={tmp_path}/${{rollout.engine.name}}",
+            f"hydra.sweep.dir={tmp_path / 'hydra'}",
+            "device=cpu",
+            "protocol.frame_budget=4",
+            "rollout.agent.max_rounds=2",
+            "rollout.agent.max_new_tokens=160",
+            "rollout.agent.max_total_tokens=4096",
+            "protocol.batch_size=2",
+            "++rollout.engine.max_model_len=4608",  # read by the vLLM engine only
+        ],
+    )
     results = {}
     for engine in ("hf", "vllm"):
         out = tmp_path / engine
-        _run(
-            train_py,
-            "evaluate.py",
-            [
-                f"rollout/engine={engine}",
-                "benchmark=needle",
-                f"model.path={caller_ckpt}",
-                "model.build_tiny=null",
-                f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
-                f"out_dir={out}",
-                f"hydra.run.dir={tmp_path / 'hydra' / engine}",
-                "device=cpu",
-                "protocol.frame_budget=4",
-                "rollout.agent.max_rounds=2",
-                "rollout.agent.max_new_tokens=160",
-                "rollout.agent.max_total_tokens=4096",
-                "protocol.batch_size=2",
-                *(["rollout.engine.max_model_len=4608"] if engine == "vllm" else []),
-            ],
-        )
         records = [json.loads(x) for x in (out / PREDICTIONS).read_text().splitlines()]
         results[engine] = (json.loads((out / METRICS).read_text()), records)
     (hf_metrics, hf_records), (vllm_metrics, vllm_records) = results["hf"], results["vllm"]
@@ -93,4 +96,4 @@ def test_evaluate_with_vllm_equals_the_transformers_engine(
         {k: r.get(k) for k in keep} for r in hf_records
     ]
     assert vllm_metrics["metrics"] == hf_metrics["metrics"]
-    assert vllm_metrics["run"]["engine"] == "vllm"
+    assert (hf_metrics["run"]["engine"], vllm_metrics["run"]["engine"]) == ("hf", "vllm")

