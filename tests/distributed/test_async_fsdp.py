@@ -9,8 +9,9 @@ step for step: the same rewards, losses and gradient norms, and the same weights
 KL is on so that every step really updates. Collectives are checked under the simulated NCCL
 rule.
 
-The others, under FSDP2 too: the bound (max_staleness=1) and a generator killed mid-run; an
-exception on either rank; rank 0 killed by SIGKILL and the run resumed.
+The others, under FSDP2 too: rank 0 killed by SIGKILL and the run resumed, the resumed run
+also showing the bound (max_staleness=1) and then a generator killed mid-run; an exception on
+rank 1 (on rank 0: see that test's docstring).
 """
 
 from __future__ import annotations
@@ -116,28 +117,6 @@ def test_two_ranks_async_at_staleness_0_equal_one_rank_sync(train_py, tiny_run_o
     assert _max_diff(weights, _weights(Path(tiny_run_overrides[0].split("=", 1)[1]))) > 1e-6
 
 
-def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_generator_dies(
-    train_py, tiny_run_overrides, tmp_path
-):
-    """max_staleness=1 under FSDP2: rank 0's generator runs a step ahead, and every rank trains
-    each step's share of trajectories sampled at most 1 update back. Then the generator is
-    SIGKILLed after step 2: rank 0 cannot take step 3, and both ranks stop with that error (rank
-    1 gets it through the broadcast it is waiting in, no hang), leaving no process behind."""
-    out, rows = _probed_run(train_py, tiny_run_overrides, tmp_path, kill_generator_after=2)
-    assert "died with exit code -9 before sending step 3" in out, out[-3000:]
-    for rank in (0, 1):
-        ranked = [r for r in rows if r["rank"] == rank]
-        assert [r["step"] for r in ranked] == [0, 1, 2], rows  # nothing trained after the kill
-        assert [r["staleness"] for r in ranked] == [0, 1, 1]  # sampled one update back
-        assert [r["weight_version"] for r in ranked] == [0, 0, 1]
-        assert all(r["trajectories"] > 0 for r in ranked)
-    generator = {r["generator_pid"] for r in rows if r["rank"] == 0}
-    assert len(generator) == 1 and None not in generator
-    assert {r["generator_pid"] for r in rows if r["rank"] == 1} == {None}  # rank 0 owns it
-    for pid in {r["pid"] for r in rows} | generator:
-        assert gone(pid), f"process {pid} outlived the run"
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -146,12 +125,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
-    train_py, tiny_run_overrides, tmp_path
-):
-    """`train.py trainer=fsdp_cpu rollout.mode=async` with rank 0 SIGKILLed mid-run: rank 1
-    (the launcher's child) and rank 0's generator exit by themselves; `ckpt_path=last` resumes
-    both ranks from the sharded checkpoint with a fresh generator and loses no update."""
+@pytest.fixture(scope="module")
+def killed_then_resumed(train_py, tiny_run_overrides, tmp_path_factory) -> dict:
+    """`train.py trainer=fsdp_cpu rollout.mode=async` (max_staleness 1) with rank 0 SIGKILLed
+    after its first checkpoint, then resumed with `ckpt_path=last` under `AsyncProbe`: the
+    resumed run trains 3 steps, its generator is SIGKILLed after the third, and it stops at the
+    fourth. One pair of launches for two tests: what the kill left behind, and the resumed
+    run's output, records and checkpoint."""
     import subprocess
     import sys
 
@@ -159,6 +139,7 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
     from tests.modules.test_async_rollouts import _children_of, _is_tracker
     from tests.modules.test_kill_resume_cli import _env
 
+    tmp_path = tmp_path_factory.mktemp("killed_then_resumed")
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.ckpt"
     extra = [*ASYNC_BOUND_1, "export_hf=false"]
@@ -173,10 +154,10 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
         text=True,
     )
     start = time.monotonic()
-    while not ((last / "meta.pt").exists() and _step(last) >= 2):
+    while not ((last / "meta.pt").exists() and _step(last) >= 1):  # then kill it mid-run
         if proc.poll() is not None or time.monotonic() - start > 600:
             proc.kill()
-            pytest.fail(f"no checkpoint of step 2:\n{proc.communicate()[0][-3000:]}")
+            pytest.fail(f"no checkpoint of step 1:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.2)
     children = [p for p in _children_of(proc.pid) if not _is_tracker(p)]
     rank1 = [p for p in children if "train_ddp_process_1" in _cmdline(p)]
@@ -184,33 +165,88 @@ def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(
     assert len(rank1) == 1 and len(generator) == 1, [_cmdline(p) for p in children]
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    assert gone(generator[0], within_s=15), "the generator outlived its trainer"
-    assert gone(rank1[0], within_s=120), "rank 1 outlived rank 0"
+    killed = {
+        "generator_gone": gone(generator[0], within_s=15),
+        "rank1_gone": gone(rank1[0], within_s=120),
+    }
     step = _step(last)
+    records = tmp_path / "probe.jsonl"
+    probe = "+callbacks.async_probe"
     resumed = train_py(
-        *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 2}"),
+        *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 5}"),
         "ckpt_path=last",
+        f"{probe}._target_=tests.distributed.async_faults.AsyncProbe",
+        f"{probe}.path={records}",
+        f"{probe}.kill_generator_after={step + 2}",
         env=env,
         timeout=900,
     )
-    out = resumed.stdout + resumed.stderr
-    assert resumed.returncode == 0, out[-3000:]
-    assert f"resumed from {last} at step {step}" in out, out[-3000:]
-    assert _step(last) == step + 2
+    return killed | {
+        "step": step,
+        "last": last,
+        "saved": _step(last),
+        "returncode": resumed.returncode,
+        "out": resumed.stdout + resumed.stderr,
+        "rows": [json.loads(line) for line in records.read_text().splitlines()],
+    }
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_a_trainer_exception_on_one_rank_stops_both_and_the_generator(
-    train_py, tiny_run_overrides, tmp_path, rank
+def test_kill_9_of_rank_0_leaves_no_process_and_two_ranks_resume(killed_then_resumed):
+    """Rank 0 SIGKILLed mid-run: rank 1 (the launcher's child) and rank 0's generator exit by
+    themselves; `ckpt_path=last` resumes both ranks from the sharded checkpoint, with a fresh
+    generator sampling under the checkpoint's weights, and loses no update."""
+    run = killed_then_resumed
+    assert run["generator_gone"], "the generator outlived its trainer"
+    assert run["rank1_gone"], "rank 1 outlived rank 0"
+    step, out = run["step"], run["out"]
+    assert f"Restored all states from the checkpoint at {run['last']}" in out, out[-3000:]
+    for rank in (0, 1):
+        first = next(r for r in run["rows"] if r["rank"] == rank)
+        assert (first["step"], first["weight_version"], first["staleness"]) == (step, step, 0)
+    assert run["saved"] == step + 3  # the 3 resumed steps, trained and saved by both ranks
+
+
+def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_generator_dies(
+    killed_then_resumed,
 ):
-    """An exception in one rank's training step (rank 0 owns the generator; rank 1 does not):
-    the run ends with that error, the other rank does not wait for ever in its next collective,
-    and no process is left behind."""
-    out, rows = _probed_run(
-        train_py, tiny_run_overrides, tmp_path, raise_after=1, raise_on_rank=rank
-    )
-    assert f"rank {rank} crashed on purpose" in out, out[-3000:]
-    assert max(r["step"] for r in rows) <= 2, rows  # nobody trained on for long
+    """max_staleness=1 under FSDP2 (the resumed run above, from step s): rank 0's generator
+    runs a step ahead, and every rank trains each step's share of trajectories sampled at most
+    1 update back. Then the generator is SIGKILLed after step s + 2: rank 0 cannot take step
+    s + 3, and both ranks stop with that error (rank 1 gets it through the broadcast it is
+    waiting in, no hang), leaving no process behind."""
+    run = killed_then_resumed
+    s, out, rows = run["step"], run["out"], run["rows"]
+    assert run["returncode"] != 0, out[-3000:]
+    assert f"died with exit code -9 before sending step {s + 3}" in out, out[-3000:]
+    for rank in (0, 1):
+        ranked = [r for r in rows if r["rank"] == rank]
+        assert [r["step"] for r in ranked] == [s, s + 1, s + 2], rows  # none after the kill
+        assert [r["staleness"] for r in ranked] == [0, 1, 1]  # sampled one update back
+        assert [r["weight_version"] for r in ranked] == [s, s, s + 1]
+        assert all(r["trajectories"] > 0 for r in ranked)
+    generator = {r["generator_pid"] for r in rows if r["rank"] == 0}
+    assert len(generator) == 1 and None not in generator
+    assert {r["generator_pid"] for r in rows if r["rank"] == 1} == {None}  # rank 0 owns it
+    for pid in {r["pid"] for r in rows} | generator:
+        assert gone(pid), f"process {pid} outlived the run"
+
+
+def test_a_trainer_exception_on_rank_1_stops_both_and_the_generator(
+    train_py, tiny_run_overrides, tmp_path
+):
+    """An exception in rank 1's first training step (rank 1 does not own the generator): the
+    run ends with that error, rank 0 does not wait for ever in its next collective (the weight
+    gather) and closes its generator, and no process is left behind.
+
+    The mirror case, an exception on rank 0, has no launch of its own: the raising rank's side
+    is rank 0's in test_a_trainer_crash_leaves_no_generator (tests/modules/test_async_rollouts.py:
+    the error ends the run, the generator is gone) and this test's rank 1 (it leaves the group at
+    once, paravt.parallel.launch.end_job); the other rank's side, rank 1 finding rank 0 gone
+    from its next collective and exiting by itself, is the kill -9 test's above (rank 0
+    SIGKILLed)."""
+    out, rows = _probed_run(train_py, tiny_run_overrides, tmp_path, raise_after=0, raise_on_rank=1)
+    assert "rank 1 crashed on purpose" in out, out[-3000:]
+    assert max(r["step"] for r in rows) <= 1, rows  # nobody trained on for long
     pids = {r["pid"] for r in rows} | {r["generator_pid"] for r in rows if r["generator_pid"]}
     assert len(pids) == 3, rows  # both ranks and the generator were seen
     for pid in pids:

@@ -7,6 +7,13 @@ The two runs are one sweep so that they share the demo's data, tiny model and co
 second job loads the first one's cold start (paravt.run.coldstart_cache restores its weights and
 RNG state, so the job runs as it would alone; tests/modules/test_coldstart_cache.py checks that)
 instead of computing it again.
+
+What the assertions read is the summary's before/after table (the cold start's per-budget report
+against the same evaluation after RL) and the staleness scalars, so the sweep leaves out what
+feeds neither: the in-training held-out evaluations (`callbacks.benchmark_validation`, three of
+96 samples per job) and the cold start's intermediate answer-token measurements
+(`cold_start.eval_every`; they are taken in eval mode without touching the weights or any RNG,
+so the cold start trains as the demo's own does).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # both runs, in the first test
 
-STEPS = 16  # of the demo's 40 RL steps: the held-out accuracy is at 1.000 from step 10 on
+# Of the demo's 40 RL steps: the async runs' held-out accuracy at K=4 went 0.562 -> 1.000 by
+# step 8 (the in-training evaluation, whole and partial), and the bar below is +15 points.
+STEPS = 8
 GAIN = re.compile(r"held-out accuracy, all budgets: ([\d.]+) -> ([\d.]+) \(([+-][\d.]+) points")
 
 
@@ -32,14 +41,17 @@ def sweep(tmp_path_factory, train_py):
         "rollout.max_staleness=1",
         "algorithm.loss=decoupled_ppo",
         "rollout.partial=false,true",
-        f"trainer.max_steps={STEPS}",  # held-out accuracy reaches 1.000 by RL step 10
-        "callbacks.benchmark_validation.every_n_steps=8",
+        f"trainer.max_steps={STEPS}",
+        "callbacks.benchmark_validation=null",  # not asserted on: the summary's table is
+        "optimized_metric=null",  # (its default is the in-training evaluation's accuracy)
+        "cold_start.eval_every=0",  # answer tokens measured before and after only
         "name=demo_async",
         f"hydra.sweep.dir={folder / 'sweep'}",
         cwd=folder,
         timeout=2400,
         env={"OMP_NUM_THREADS": "2"},  # the generator and the trainer split the 2 cores
     )
+    (folder / "output.txt").write_text(out.stdout)  # the summaries, for a look after a run
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     summaries = out.stdout.split("== paravt run")[1:]
     assert len(summaries) == 2, out.stdout[-3000:]
