@@ -204,16 +204,22 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
             policy, trajs, TokenIds.from_tokenizer(processor.tokenizer)
         )
         torch.testing.assert_close(stats.loss, sft_loss(logp, padded.loss_mask))
-    records = module.fit_steps(examples, steps=30, batch_size=4)
+    # The loss falls from 6.26 to 2.08 in 20 steps (3.13, half of it, at step 14).
+    records = module.fit_steps(examples, steps=20, batch_size=4)
     assert records[-1]["loss"] < 0.5 * records[0]["loss"]
     assert {"answer_loss", "answer_accuracy"} <= set(records[0])
 
 
-def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(tool_caller, needle_samples):
+def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(
+    tiny_qwen3_dir, needle_samples
+):
     """What the demo's cold start asks of SFTModule: a lead pool for the first steps, an extra
-    weight on answer tokens, clipping, per-step callbacks, answer metrics pooled over chunks."""
-    import copy
+    weight on answer tokens, clipping, per-step callbacks, answer metrics pooled over chunks.
+    The learning rate is 0, so any weights do: the tiny model's, not the trained `tool_caller`
+    (whose 80 training steps this file's worker would otherwise build or wait for)."""
     from functools import partial
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
@@ -224,8 +230,8 @@ def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(tool_calle
     from paravt.rollout.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
-    model, processor = tool_caller
-    policy = copy.deepcopy(model)
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    policy = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
 
     def examples(strategy):
         engine = ScriptedEngine(processor.tokenizer, needle_teacher(needle_samples, strategy))
