@@ -17,17 +17,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRELOAD = ["torch", "lightning.pytorch", "hydra.utils", "omegaconf", "transformers"]
+PRELOAD = ["torch", "lightning.pytorch", "torchmetrics", "hydra.utils", "omegaconf", "transformers"]
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)
 
 
-def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str) -> None:
+def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
     """In the child: what `python -c code *argv[1:]` would do in `cwd` with `env`."""
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for path, target in ((out, 1), (err, 2)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, target)
+        os.close(fd)
     os.environ.update(env)
     tempfile.tempdir = None  # TMPDIR as given here, not as the server first saw it
     os.chdir(cwd)
@@ -41,9 +41,10 @@ class Child:
     """The part of `subprocess.Popen` the tests use: pid, poll, send_signal, wait,
     communicate (stdout and stderr together), returncode."""
 
-    def __init__(self, code: str, argv: list[str], env: dict[str, str], cwd: Path, out: Path):
-        self.output = out
-        self.process = _CONTEXT.Process(target=_run, args=(code, argv, env, str(cwd), str(out)))
+    def __init__(self, code: str, argv: list[str], env: dict, cwd: Path, out: Path, err: Path):
+        self.output, self.errors = out, err
+        args = (code, argv, env, str(cwd), str(out), str(err))
+        self.process = _CONTEXT.Process(target=_run, args=args)
         self.process.start()
         self.pid = self.process.pid
 
@@ -67,18 +68,22 @@ class Child:
             raise TimeoutError(f"child {self.pid} still running after {timeout} s")
         return self.process.exitcode
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """(stdout, stderr), or (both, None) when they went to one file."""
         self.wait(timeout)
-        return self.output.read_text(), None
+        if self.errors == self.output:
+            return self.output.read_text(), None
+        return self.output.read_text(), self.errors.read_text()
 
 
-def start(code: str, argv: list[str], out: Path, env: dict[str, str] | None = None, cwd=None):
+def start(code: str, argv: list[str], out: Path, env: dict | None = None, cwd=None, err=None):
     """Fork `code` with `argv` (argv[0]: the script's name in tracebacks) from the server;
-    stdout and stderr go to `out`. `env` is added to the server's environment."""
+    stdout goes to `out`, stderr to `err` (default: `out` too). `env` is added to the server's
+    environment."""
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
     try:  # the server (started by the first child) imports this checkout's tests and paravt
-        return Child(code, argv, env or {}, Path(cwd or os.getcwd()), out)
+        return Child(code, argv, env or {}, Path(cwd or os.getcwd()), out, Path(err or out))
     finally:
         if saved is None:
             del os.environ["PYTHONPATH"]
