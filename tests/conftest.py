@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -125,39 +127,65 @@ def _writes_nothing_into_the_repository(request):
         )
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder `build(folder)` fills, built once per test run: under pytest-xdist the first
+    worker to need it builds it in the run's shared temporary folder (under a file lock) and the
+    others use that one (the real-vocabulary tiny models take tens of seconds each)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    from filelock import FileLock
+
+    out = tmp_path_factory.getbasetemp().parent / name  # this run's, all workers'
+    done = out / ".built"
+    with FileLock(str(out) + ".lock"):
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # a build cut short
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
+
+
+def _tiny(tmp_path_factory, name: str, cfg: TinyModelConfig) -> Path:
+    import torch
+
+    out = built_once(tmp_path_factory, name, lambda folder: build_tiny_model(folder, cfg))
+    torch.manual_seed(cfg.seed)  # as a build leaves it, whichever worker built the folder
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_vl"), TinyModelConfig("qwen3_vl"))
+    return _tiny(tmp_path_factory, "tiny_qwen3_vl", TinyModelConfig("qwen3_vl"))
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen25_dir(tmp_path_factory):
-    return build_tiny_model(
-        tmp_path_factory.mktemp("tiny_qwen2_5_vl"), TinyModelConfig("qwen2_5_vl")
-    )
+    return _tiny(tmp_path_factory, "tiny_qwen2_5_vl", TinyModelConfig("qwen2_5_vl"))
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_real_vocab_dir(tmp_path_factory):
     """The tiny Qwen3-VL with Qwen's real vocabulary and official chat template."""
     cfg = TinyModelConfig("qwen3_vl", tokenizer="qwen")
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_vl_qwen"), cfg)
+    return _tiny(tmp_path_factory, "tiny_qwen3_vl_qwen", cfg)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen25_real_vocab_dir(tmp_path_factory):
     """The tiny Qwen2.5-VL with Qwen's real vocabulary and official chat template."""
     cfg = TinyModelConfig("qwen2_5_vl", tokenizer="qwen")
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_5_vl_qwen"), cfg)
+    return _tiny(tmp_path_factory, "tiny_qwen2_5_vl_qwen", cfg)
 
 
 @pytest.fixture(scope="session")
 def needle_dir(tmp_path_factory):
     from paravt.video.synthetic import NeedleConfig, generate
 
-    out = tmp_path_factory.mktemp("needle")
-    generate(NeedleConfig(num_train=4, num_eval=2, seed=3), out)
-    return out
+    cfg = NeedleConfig(num_train=4, num_eval=2, seed=3)
+    return built_once(tmp_path_factory, "needle", lambda out: generate(cfg, out))
 
 
 @pytest.fixture(scope="session")

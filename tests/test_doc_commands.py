@@ -17,8 +17,9 @@ kind gets:
   what the page shows (`test_the_error_examples_print_what_the_training_page_shows`);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
-  like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`). The CPU training
-  commands of the tables run for one step in tests/test_readme.py;
+  like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`); its SFT run (3
+  steps) must log, schedule and export what the SFT stage promises, and RL continue from it.
+  The CPU training commands of the tables run for one step in tests/test_readme.py;
 - the vLLM commands (`rollout/engine=vllm`, `--engine vllm`) run the same way in the vLLM
   environment (marker `vllm`, `make test-vllm`): train, then evaluate and `paravt rollout` on
   the policy it exported, with no traceback even at exit
@@ -37,6 +38,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -267,8 +269,8 @@ def fresh(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fresh")
 
 
-STEP_CAPS = {  # as written, plus caps that keep each command to a step or two
-    "python train.py experiment=demo_sft": "trainer.max_steps=1 data.generate.needle.num_train=4 "
+STEP_CAPS = {  # as written, plus caps that keep each command to a step or a few
+    "python train.py experiment=demo_sft": "trainer.max_steps=3 data.generate.needle.num_train=4 "
     "data.generate.needle.num_eval=2",
     "python train.py model.path=runs/demo_sft/hf model.build_tiny=null cold_start=null": (
         "trainer.max_steps=1 data.batch_size=1 rollout.group_size=2 rollout.agent.max_rounds=1 "
@@ -283,18 +285,49 @@ STEP_CAPS = {  # as written, plus caps that keep each command to a step or two
 
 @pytest.mark.slow
 def test_the_cpu_chain_runs_from_a_fresh_folder(fresh):
+    """The chain, and what its SFT -> RL commands must do: the SFT stage trains (its log,
+    TensorBoard scalars and learning-rate schedule), exports trained weights, RL continues."""
     shown = {c for _, c in COMMANDS}
     assert set(STEP_CAPS) <= shown, set(STEP_CAPS) - shown
     assert not (fresh / "artifacts").exists() and not (fresh / "runs").exists()
+    stdout = []
     for command, caps in STEP_CAPS.items():
         result = _run(f"{command} {caps}".strip(), fresh)
         assert result.returncode == 0, (
             command + "\n" + result.stdout[-2000:] + result.stderr[-3000:]
         )
-    assert (fresh / "runs" / "demo_sft" / "hf" / "config.json").exists()
-    assert (fresh / "runs" / "demo" / "hf" / "paravt_protocol.json").exists()
+        stdout.append(result.stdout)
+    sft, rl = fresh / "runs" / "demo_sft", fresh / "runs" / "demo"
+    assert (sft / "hf" / "config.json").exists()
+    assert (rl / "hf" / "paravt_protocol.json").exists()
     assert (fresh / "sft.jsonl").read_text().count("\n") >= 1  # the teacher rows
     assert list((fresh / "runs" / "eval" / "needle" / "parallel").glob("*/metrics.json"))
+    _assert_sft_trained_and_rl_continued(fresh, stdout[0], stdout[1])
+
+
+def _assert_sft_trained_and_rl_continued(fresh: Path, sft_out: str, rl_out: str) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForImageTextToText
+
+    sft = fresh / "runs" / "demo_sft"
+    assert "paravt SFT run 'demo_sft' (3 optimiser steps)" in sft_out, sft_out
+    log = (sft / "train.log").read_text()
+    assert "SFT step 3/3" in log and "RL step" not in log, log
+    acc = EventAccumulator(str(sft / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    wanted = {"train/loss", "train/answer_loss", "train/answer_accuracy", "train/lr"}
+    assert wanted | {"train/tokens_per_s"} <= tags, tags
+    lrs = [e.value for e in acc.Scalars("train/lr")]
+    # warm-up of ceil(0.05 * 3) = 1 step (1/1 of the peak 3e-3), then cosine over the other 2
+    assert lrs == pytest.approx([3e-3, 3e-3, 1.5e-3])
+    assert "(1 RL steps)" in rl_out, rl_out
+    # The SFT export holds trained weights (not the tiny model's), and RL ran from it.
+    trained = AutoModelForImageTextToText.from_pretrained(sft / "hf")
+    tiny = AutoModelForImageTextToText.from_pretrained(fresh / "artifacts" / "tiny_qwen3_vl")
+    assert any(
+        not torch.equal(p, q) for p, q in zip(trained.parameters(), tiny.parameters(), strict=True)
+    )
 
 
 # ---- the vLLM environment's commands (marker `vllm`: `make test-vllm` runs them in .venv-vllm)

@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from paravt.eval.results import METRICS, PREDICTIONS, RUN_CONFIG, check_run_identity
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["limit=2", "device=cpu", "protocol.frame_budget=4", "rollout.agent.max_new_tokens=4"]
@@ -165,17 +166,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _child(args, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,
-    )
+def _child(args):
+    """CHILD in a process of its own, forked from an interpreter holding the heavy imports;
+    its stdout and stderr in files beside its out_dir."""
+    out_dir = Path(args[2])
+    logs = [out_dir.parent / f"{out_dir.name}-{time.monotonic_ns()}.{s}" for s in ("out", "err")]
+    argv = ["-c", *map(str, args)]
+    return forkserver.start(CHILD, argv, logs[0], {"OMP_NUM_THREADS": "1"}, ROOT, logs[1])
 
 
 def _finish(args):

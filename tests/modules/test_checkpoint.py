@@ -3,7 +3,8 @@
 The subprocess tests run a real Lightning training loop built from the repository's own
 conf/trainer/cpu.yaml plugins and conf/callbacks/default.yaml checkpoint callback (a small
 linear model whose checkpoint is a few megabytes, so a kill often lands inside a write), kill it
-with SIGKILL at random moments, then resume with ckpt_path="last".
+with SIGKILL at random moments, then resume with ckpt_path="last". Each run is a process of its
+own, forked from one that imported torch and Lightning once (tests/forkserver.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from paravt.modules.checkpoint import (
     atomic_torch_save,
     is_complete_checkpoint,
 )
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,24 +76,19 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path: Path, max_steps: int, resume: bool) -> subprocess.Popen:
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(script), str(ROOT), str(tmp_path), str(max_steps), str(int(resume))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+def _launch(tmp_path: Path, max_steps: int, resume: bool) -> forkserver.Child:
+    """The script in a process of its own, forked from an interpreter holding the imports."""
+    args = [str(ROOT), str(tmp_path), str(max_steps), str(int(resume))]
+    out = tmp_path / f"run-{time.monotonic_ns()}.log"
+    return forkserver.start(SCRIPT, ["run.py", *args], out, {"OMP_NUM_THREADS": "1"}, tmp_path)
 
 
-def _wait_for_checkpoint(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_for_checkpoint(path: Path, proc: forkserver.Child, timeout: float = 120.0) -> None:
     start = time.monotonic()
     while not path.exists():
         if proc.poll() is not None or time.monotonic() - start > timeout:
-            out = proc.stdout.read() if proc.stdout else ""
+            proc.kill()
+            out = proc.communicate(timeout=60)[0]
             pytest.fail(f"no checkpoint appeared at {path}:\n{out[-3000:]}")
         time.sleep(0.05)
 

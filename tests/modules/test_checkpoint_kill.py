@@ -7,15 +7,14 @@ cpu.yaml's AtomicCheckpointIO) `last.ckpt` is never seen torn and the run resume
 kill; the control shows Lightning's stock TorchCheckpointIO caught mid-copy, leaving a torn
 `last.ckpt`, when its temporary folder is on another filesystem than the checkpoints (fsspec
 then copies the file into place instead of renaming it), the common case of /tmp on local disk
-and runs on a mounted volume.
+and runs on a mounted volume. Each run is a process of its own, forked from one that imported
+torch and Lightning once (tests/forkserver.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from paravt.modules.checkpoint import is_complete_checkpoint
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -68,17 +68,11 @@ SCRIPT = textwrap.dedent(
 
 
 def _launch(tmp: Path, writer: str, max_steps: int, resume: bool, tmpdir: Path):
-    script = tmp / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir)}
+    """The script in a process of its own, forked from an interpreter holding the imports."""
+    env = {"OMP_NUM_THREADS": "1", "TMPDIR": str(tmpdir)}
     args = [str(ROOT), str(tmp), writer, str(max_steps), str(int(resume))]
-    return subprocess.Popen(
-        [sys.executable, str(script), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    out = tmp / f"run-{time.monotonic_ns()}.log"
+    return forkserver.start(SCRIPT, ["run.py", *args], out, env, tmp)
 
 
 def _state(path: Path) -> tuple[int, int, int] | None:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from paravt.modules.sft import cosine_with_warmup
 from paravt.run.build_sft import build_sft_run
@@ -121,54 +120,10 @@ def test_accumulation_and_resume_replay_the_uninterrupted_run(tmp_path, tiny_qwe
     assert math.isclose(lr_full, resumed.trainer.optimizers[0].param_groups[0]["lr"])
 
 
-@pytest.mark.slow
-def test_demo_sft_cli_trains_exports_and_rl_continues(
-    train_py, tmp_path, tiny_qwen3_dir, sft_file, needle_dir
-):
-    sft_dir = tmp_path / "sft"
-    overrides = sft_overrides(sft_dir, tiny_qwen3_dir, sft_file, 3, "scheduler.warmup_ratio=0.5")
-    out = train_py(*overrides, f"hydra.run.dir={sft_dir}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "paravt SFT run 'demo_sft' (3 optimiser steps)" in out.stdout
-    log = (sft_dir / "train.log").read_text()
-    assert "SFT step 3/3" in log and "RL step" not in log, log
-    assert (sft_dir / "hf" / "config.json").exists()
-    acc = EventAccumulator(str(sft_dir / "tb"))
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    wanted = {"train/loss", "train/answer_loss", "train/answer_accuracy", "train/lr"}
-    assert wanted | {"train/tokens_per_s"} <= tags, tags
-    lrs = [e.value for e in acc.Scalars("train/lr")]
-    # warm-up of ceil(0.5 * 3) = 2 steps (1/2, 2/2 of the peak 3e-3), then cosine from the peak
-    assert lrs == pytest.approx([1.5e-3, 3e-3, 3e-3])
-    out = train_py(
-        f"model.path={sft_dir / 'hf'}",
-        "model.build_tiny=null",
-        f"run_dir={tmp_path / 'rl'}",
-        f"hydra.run.dir={tmp_path / 'rl'}",
-        "cold_start=null",
-        f"data.train_path={needle_dir / 'train.jsonl'}",
-        f"data.eval_path={needle_dir / 'eval.jsonl'}",
-        "data.generate=null",
-        "trainer.max_steps=1",
-        "trainer.enable_progress_bar=false",
-        "data.batch_size=1",
-        "rollout.group_size=2",
-        "rollout.agent.max_rounds=1",
-        "rollout.agent.max_new_tokens=8",
-        "callbacks.benchmark_validation=null",
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "(1 RL steps)" in out.stdout and (tmp_path / "rl" / "hf" / "config.json").exists()
-    # The SFT export holds trained weights (not the tiny model's), and RL ran from it.
-    from transformers import AutoModelForImageTextToText
-
-    sft_model = AutoModelForImageTextToText.from_pretrained(sft_dir / "hf")
-    tiny = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
-    assert any(
-        not torch.equal(p, q)
-        for p, q in zip(sft_model.parameters(), tiny.parameters(), strict=True)
-    )
+# `python train.py experiment=demo_sft` as a user runs it (3 steps: the log, the TensorBoard
+# scalars, the learning-rate schedule, the trained export) and RL continuing from its export are
+# asserted on the docs' CPU chain (tests/test_doc_commands.py,
+# test_the_cpu_chain_runs_from_a_fresh_folder), which runs those very commands.
 
 
 def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples):
@@ -204,16 +159,22 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
             policy, trajs, TokenIds.from_tokenizer(processor.tokenizer)
         )
         torch.testing.assert_close(stats.loss, sft_loss(logp, padded.loss_mask))
-    records = module.fit_steps(examples, steps=30, batch_size=4)
+    # The loss falls from 6.26 to 2.08 in 20 steps (3.13, half of it, at step 14).
+    records = module.fit_steps(examples, steps=20, batch_size=4)
     assert records[-1]["loss"] < 0.5 * records[0]["loss"]
     assert {"answer_loss", "answer_accuracy"} <= set(records[0])
 
 
-def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(tool_caller, needle_samples):
+def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(
+    tiny_qwen3_dir, needle_samples
+):
     """What the demo's cold start asks of SFTModule: a lead pool for the first steps, an extra
-    weight on answer tokens, clipping, per-step callbacks, answer metrics pooled over chunks."""
-    import copy
+    weight on answer tokens, clipping, per-step callbacks, answer metrics pooled over chunks.
+    The learning rate is 0, so any weights do: the tiny model's, not the trained `tool_caller`
+    (whose 80 training steps this file's worker would otherwise build or wait for)."""
     from functools import partial
+
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
@@ -224,8 +185,8 @@ def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(tool_calle
     from paravt.rollout.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
-    model, processor = tool_caller
-    policy = copy.deepcopy(model)
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    policy = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir)
 
     def examples(strategy):
         engine = ScriptedEngine(processor.tokenizer, needle_teacher(needle_samples, strategy))

@@ -1,0 +1,83 @@
+"""The rollout group's config (`conf/rollout/`): grouped sampling, agent, crop tool, engine.
+
+Plain frozen dataclasses in a module of their own, apart from the DataModule that uses them:
+train.py and evaluate.py instantiate the rollout group to check a user's keys before anything is
+built, and importing `paravt.modules.rollout_datamodule` would import Lightning (seconds) first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paravt.agent.loop import AgentConfig
+from paravt.agent.tools import CropConfig
+from paravt.rollout.consistency import check_mode as check_consistency_mode
+from paravt.rollout.engine import EngineConfig
+from paravt.rollout.factory import check_engine_name
+
+
+@dataclass(frozen=True)
+class VisionCacheConfig:
+    """Each clip decoded and encoded once per step, whatever number of rollouts show it.
+
+    `enabled`: the vision feature cache on the policy, the reference and an engine copy
+    (paravt.models.vision_cache; exact: a trained tower is never cached under autograd, nor
+    across a weight update) and the crop cache of the tools (paravt.agent.tools.CropCache).
+    Bounds in bytes: `feature_bytes` of cached vision features (on the model's device, cleared
+    every step), `crop_bytes` of decoded crop pixels (host memory, least recently used out).
+    """
+
+    enabled: bool = True
+    feature_bytes: int = 1 << 30
+    crop_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("feature_bytes", "crop_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"rollout.vision_cache.{name} must be >= 0 bytes, got {getattr(self, name)}; "
+                    "set rollout.vision_cache.enabled=false to turn the caches off"
+                )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Grouped sampling: G rollouts per prompt at `temperature`, with the agent and crop tool."""
+
+    group_size: int = 8
+    temperature: float = 0.7
+    frame_budget: int = 64
+    max_staleness: int = 0  # rollouts may use weights this many updates old (decoupled loss)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    crop: CropConfig | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    # async: a generator process overlaps generation with the update (modules/async_rollouts.py)
+    mode: str = "sync"
+    # async: in-flight trajectories pause at each weight sync and resume with the new weights
+    # (modules/partial_rollouts.py); each token records the policy version that sampled it.
+    partial: bool = False
+    generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
+    # async: seconds to wait for a step's rollouts before failing the run (None: for ever)
+    generator_timeout_s: float | None = None
+    # Rollout/trainer consistency of every trajectory (paravt.rollout.consistency): error |
+    # warn (log it, drop the trajectory from the loss) | off.
+    consistency: str = "warn"
+    # Compute each video once per step: vision features and crops shared by the G rollouts.
+    vision_cache: VisionCacheConfig = field(default_factory=VisionCacheConfig)
+
+    def __post_init__(self) -> None:
+        check_consistency_mode(self.consistency)
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
+        check_engine_name(self.engine.name)
+        if self.partial and self.mode != "async":
+            raise ValueError(
+                "rollout.partial=true resumes trajectories across weight syncs of the async "
+                f"generator, but rollout.mode={self.mode!r}: set rollout.mode=async (with "
+                "rollout.max_staleness >= 1) or rollout.partial=false"
+            )
+        if self.generator_timeout_s is not None and not self.generator_timeout_s > 0:
+            raise ValueError(
+                f"rollout.generator_timeout_s must be > 0 seconds or null (wait for ever), "
+                f"got {self.generator_timeout_s!r}"
+            )

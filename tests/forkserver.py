@@ -1,0 +1,91 @@
+"""Script runs forked from one interpreter that imported the heavy libraries once.
+
+A test that starts the same kind of script many times (kill it, resume it) pays torch, Lightning
+and Hydra's imports (seconds of CPU each time) once: `multiprocessing`'s fork server imports
+`PRELOAD`, and each `start(code, argv)` forks a fresh copy of it that runs `code` as `__main__`
+with that argv, its stdout and stderr in a file. The child is a real process of its own
+(SIGKILL, SIGSTOP and its exit code as with a subprocess); only the imports are shared.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRELOAD = ["torch", "lightning.pytorch", "torchmetrics", "hydra.utils", "omegaconf", "transformers"]
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """In the child: what `python -c code *argv[1:]` would do in `cwd` with `env`."""
+    for path, target in ((out, 1), (err, 2)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.update(env)
+    tempfile.tempdir = None  # TMPDIR as given here, not as the server first saw it
+    os.chdir(cwd)
+    sys.argv = list(argv)
+    if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+    exec(compile(code, argv[0], "exec"), {"__name__": "__main__"})
+
+
+class Child:
+    """The part of `subprocess.Popen` the tests use: pid, poll, send_signal, wait,
+    communicate (stdout and stderr together), returncode."""
+
+    def __init__(self, code: str, argv: list[str], env: dict, cwd: Path, out: Path, err: Path):
+        self.output, self.errors = out, err
+        args = (code, argv, env, str(cwd), str(out), str(err))
+        self.process = _CONTEXT.Process(target=_run, args=args)
+        self.process.start()
+        self.pid = self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        self.process.join(0)
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise TimeoutError(f"child {self.pid} still running after {timeout} s")
+        return self.process.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """(stdout, stderr), or (both, None) when they went to one file."""
+        self.wait(timeout)
+        if self.errors == self.output:
+            return self.output.read_text(), None
+        return self.output.read_text(), self.errors.read_text()
+
+
+def start(code: str, argv: list[str], out: Path, env: dict | None = None, cwd=None, err=None):
+    """Fork `code` with `argv` (argv[0]: the script's name in tracebacks) from the server;
+    stdout goes to `out`, stderr to `err` (default: `out` too). `env` is added to the server's
+    environment."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
+    try:  # the server (started by the first child) imports this checkout's tests and paravt
+        return Child(code, argv, env or {}, Path(cwd or os.getcwd()), out, Path(err or out))
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
