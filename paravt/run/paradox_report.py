@@ -146,7 +146,8 @@ def band_panel(series: Mapping[str, Sequence[tuple[float, float, float]]], title
     y0, y1 = min(p[1] - p[2] for p in pts), max(p[1] + p[2] for p in pts)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
     for value, y in ((y1, top), (y0, bottom)):
-        draw.text((5, y - 6), f"{value:.3g}", fill="black")
+        # Rounded first: a band's edge computed as 0.3 - 0.3 prints as 0, not -2.22e-16.
+        draw.text((5, y - 6), f"{round(value, 6) + 0.0:.3g}", fill="black")
     draw.text((left, bottom + 8), f"step {x0:g}", fill="black")
     draw.text((right - 70, bottom + 8), f"step {x1:g}", fill="black")
 
