@@ -1,11 +1,12 @@
 """`train.py trainer=fsdp_cpu rollout/engine=vllm`: one in-process vLLM engine per rank.
 
 Two CPU processes (gloo), each generating its own prompts with its own `vllm.LLM`, refreshed
-after every update from the FSDP2 shards (gathered bucket by bucket). The learning rate is high
-enough that stale engine weights would show: after the first update, the behaviour log-probs
-vLLM returns must still match the trainer's recomputed ones (`loss/logprob_gap`), and must not
-when the engine is allowed to lag one update (`rollout.max_staleness=1`, the control).
-Runs in .venv-vllm (`make test-vllm`).
+from the FSDP2 shards (gathered bucket by bucket) whenever it lags by more than
+`rollout.max_staleness` updates. The learning rate is high enough that stale engine weights
+would show in `loss/logprob_gap` (the behaviour log-probs vLLM returned against the trainer's
+recomputed ones): one run at max_staleness 1 holds the control (step 1 samples with the
+weights before update 0) and the sync (step 2 samples with the weights gathered after update
+1) in one launch. Runs in .venv-vllm (`make test-vllm`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ SETTINGS = {
 
 
 def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> dict[str, list[float]]:
-    mine = {k.split("=", 1)[0] for k in SETTINGS}
-    base = [o for o in overrides if o.split("=", 1)[0] not in mine]
-    args = [*base, *(f"{k}={v}" for k, v in SETTINGS.items()), f"hydra.run.dir={run_dir}", *extra]
+    settings = SETTINGS | dict(e.split("=", 1) for e in extra)  # a test's own values win
+    base = [o for o in overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={run_dir}"]
     proc = train_py(*args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -58,13 +59,20 @@ def _scalars(tb: Path) -> dict[str, list[float]]:
 
 
 def test_each_rank_s_vllm_engine_follows_the_sharded_policy(train_py, tiny_run_overrides, tmp_path):
-    synced = _train(train_py, tiny_run_overrides, tmp_path / "synced")
-    assert synced["weight_version"] == [0.0, 1.0]
-    assert synced["grad_norm"][0] > 0  # the first update moved the policy
-    assert synced["loss/logprob_gap"][1] < 1e-4  # vLLM sampled with the updated weights
-    stale = _train(train_py, tiny_run_overrides, tmp_path / "stale", "rollout.max_staleness=1")
-    assert stale["weight_version"] == [0.0, 0.0]
-    assert stale["loss/logprob_gap"][1] > 10 * synced["loss/logprob_gap"][1]
+    """At max_staleness 1 the engines skip the sync before step 1 and sync before step 2: step 1
+    is the stale control, step 2 the gathered weights' check, in one 2-rank launch."""
+    run = _train(
+        train_py,
+        tiny_run_overrides,
+        tmp_path / "run",
+        "trainer.max_steps=3",
+        "rollout.max_staleness=1",
+    )
+    assert run["weight_version"] == [0.0, 0.0, 2.0]  # lag 1 allowed, lag 2 synced
+    assert run["grad_norm"][0] > 0  # the first update moved the policy
+    assert run["loss/logprob_gap"][0] < 1e-4  # the engines start on the policy's weights
+    assert run["loss/logprob_gap"][2] < 1e-4  # sampled with the weights gathered after update 1
+    assert run["loss/logprob_gap"][1] > 10 * run["loss/logprob_gap"][2]  # stale would show
 
 
 def test_rank_0_s_async_vllm_generator_follows_the_sharded_policy(
