@@ -117,9 +117,10 @@ def run(
 ) -> subprocess.CompletedProcess:
     """`subprocess.run(["python", *argv], capture_output=True, text=True)` as a fork: argv[0] is
     the script, run as `__main__` with its `__file__` (`runpy.run_path`), or `code` runs instead
-    when given; stdout and stderr are captured in files under `out_dir`. Hydra's short errors (HYDRA_FULL_ERROR
-    unset) and one OMP thread, as `tests/conftest.run_script` gives a subprocess. A child still
-    running after `timeout` seconds is killed and `subprocess.TimeoutExpired` raised."""
+    when given; stdout and stderr are captured in files under `out_dir`. Hydra's short errors
+    (HYDRA_FULL_ERROR unset) and one OMP thread, as `tests/conftest.run_script` gives a
+    subprocess. A child still running after `timeout` seconds is killed and
+    `subprocess.TimeoutExpired` raised."""
     script = str(argv[0])
     if code is None:
         code = f"import runpy\nrunpy.run_path({script!r}, run_name='__main__')\n"
