@@ -101,6 +101,11 @@ RUN_ENV = {"OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": None}  # None: unset in t
 PARAVT_CLI = "import runpy\nrunpy.run_module('paravt.cli', run_name='__main__', alter_sys=True)\n"
 
 
+def script_code(path) -> str:
+    """Code that runs the script at `path` as `python path` does: `__main__`, its `__file__`."""
+    return f"import runpy\nrunpy.run_path({str(path)!r}, run_name='__main__')\n"
+
+
 def _new_file(folder: Path, suffix: str) -> Path:
     fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
     os.close(fd)
@@ -122,8 +127,7 @@ def run(
     subprocess. A child still running after `timeout` seconds is killed and
     `subprocess.TimeoutExpired` raised."""
     script = str(argv[0])
-    if code is None:
-        code = f"import runpy\nrunpy.run_path({script!r}, run_name='__main__')\n"
+    code = script_code(script) if code is None else code
     out_dir.mkdir(parents=True, exist_ok=True)
     out, err = (_new_file(out_dir, suffix) for suffix in (".out", ".err"))
     child = start(code, [script, *argv[1:]], out, {**RUN_ENV, **(env or {})}, cwd, err)
