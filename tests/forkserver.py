@@ -4,7 +4,10 @@ A test that starts the same kind of script many times (kill it, resume it) pays 
 and Hydra's imports (seconds of CPU each time) once: `multiprocessing`'s fork server imports
 `PRELOAD`, and each `start(code, argv)` forks a fresh copy of it that runs `code` as `__main__`
 with that argv, its stdout and stderr in a file. The child is a real process of its own
-(SIGKILL, SIGSTOP and its exit code as with a subprocess); only the imports are shared.
+(SIGKILL, SIGSTOP and its exit code as with a subprocess); only the imports are shared. One
+difference: multiprocessing ends the child with `os._exit`, so its `atexit` handlers do not run;
+a run whose outputs a library may finish at exit (W&B, tests/modules/test_trackers.py)
+stays a subprocess.
 """
 
 from __future__ import annotations

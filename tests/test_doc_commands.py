@@ -14,7 +14,9 @@ kind gets:
   run (no GPU): the training ones and every `paravt check-recipe` shown pass the recipe check
   with a memory plan, and each stands under a "GPU" label (a heading, table header or comment);
 - the error examples of docs/training.md's "When something is wrong" are run and must print
-  what the page shows (`test_the_error_examples_print_what_the_training_page_shows`);
+  what the page shows (`test_the_error_examples_print_what_the_training_page_shows`); these and
+  the CPU chain's commands are each a process of their own, forked from one interpreter that
+  imported torch, transformers and Lightning once (tests/forkserver.py);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
   like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`); its SFT run (3
