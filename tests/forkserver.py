@@ -4,7 +4,10 @@ A test that starts the same kind of script many times (kill it, resume it) pays 
 and Hydra's imports (seconds of CPU each time) once: `multiprocessing`'s fork server imports
 `PRELOAD`, and each `start(code, argv)` forks a fresh copy of it that runs `code` as `__main__`
 with that argv, its stdout and stderr in a file. The child is a real process of its own
-(SIGKILL, SIGSTOP and its exit code as with a subprocess); only the imports are shared.
+(SIGKILL, SIGSTOP and its exit code as with a subprocess); only the imports are shared. One
+difference: multiprocessing ends the child with `os._exit`, so its `atexit` handlers do not run;
+a run whose outputs a library may finish at exit (W&B, tests/modules/test_trackers.py)
+stays a subprocess.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +32,11 @@ def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str, er
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, target)
         os.close(fd)
-    os.environ.update(env)
+    for key, value in env.items():
+        if value is None:  # unset
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     tempfile.tempdir = None  # TMPDIR as given here, not as the server first saw it
     os.chdir(cwd)
     sys.argv = list(argv)
@@ -79,7 +87,7 @@ class Child:
 def start(code: str, argv: list[str], out: Path, env: dict | None = None, cwd=None, err=None):
     """Fork `code` with `argv` (argv[0]: the script's name in tracebacks) from the server;
     stdout goes to `out`, stderr to `err` (default: `out` too). `env` is added to the server's
-    environment."""
+    environment (a None value unsets that variable)."""
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved]))
     try:  # the server (started by the first child) imports this checkout's tests and paravt
@@ -89,3 +97,48 @@ def start(code: str, argv: list[str], out: Path, env: dict | None = None, cwd=No
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = saved
+
+
+RUN_ENV = {"OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": None}  # None: unset in the child
+# `python -m paravt.cli ...` as code a child runs (the `paravt` console script's entry point).
+PARAVT_CLI = "import runpy\nrunpy.run_module('paravt.cli', run_name='__main__', alter_sys=True)\n"
+
+
+def script_code(path) -> str:
+    """Code that runs the script at `path` as `python path` does: `__main__`, its `__file__`."""
+    return f"import runpy\nrunpy.run_path({str(path)!r}, run_name='__main__')\n"
+
+
+def _new_file(folder: Path, suffix: str) -> Path:
+    fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
+    os.close(fd)
+    return Path(path)
+
+
+def run(
+    argv: list[str],
+    out_dir: Path,
+    cwd=None,
+    env: dict | None = None,
+    timeout: float = 600,
+    code: str | None = None,
+) -> subprocess.CompletedProcess:
+    """`subprocess.run(["python", *argv], capture_output=True, text=True)` as a fork: argv[0] is
+    the script, run as `__main__` with its `__file__` (`runpy.run_path`), or `code` runs instead
+    when given; stdout and stderr are captured in files under `out_dir`. Hydra's short errors
+    (HYDRA_FULL_ERROR unset) and one OMP thread, as `tests/conftest.run_script` gives a
+    subprocess. A child still running after `timeout` seconds is killed and
+    `subprocess.TimeoutExpired` raised."""
+    script = str(argv[0])
+    code = script_code(script) if code is None else code
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out, err = (_new_file(out_dir, suffix) for suffix in (".out", ".err"))
+    child = start(code, [script, *argv[1:]], out, {**RUN_ENV, **(env or {})}, cwd, err)
+    try:
+        child.wait(timeout)
+    except TimeoutError:
+        child.kill()
+        child.wait()
+        raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text()) from None
+    stdout, stderr = child.communicate()
+    return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)

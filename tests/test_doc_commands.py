@@ -14,7 +14,9 @@ kind gets:
   run (no GPU): the training ones and every `paravt check-recipe` shown pass the recipe check
   with a memory plan, and each stands under a "GPU" label (a heading, table header or comment);
 - the error examples of docs/training.md's "When something is wrong" are run and must print
-  what the page shows (`test_the_error_examples_print_what_the_training_page_shows`);
+  what the page shows (`test_the_error_examples_print_what_the_training_page_shows`); these and
+  the CPU chain's commands are each a process of their own, forked from one interpreter that
+  imported torch, transformers and Lightning once (tests/forkserver.py);
 - the CPU chain of the SFT section and the evaluation row run for real, as written plus step
   and size caps, in one fresh folder with no `artifacts/` and no `runs/`, sharing their outputs
   like a user's shell would (`test_the_cpu_chain_runs_from_a_fresh_folder`); its SFT run (3
@@ -42,6 +44,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from tests import forkserver
 from tests.configured import assert_built_as_configured
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +240,20 @@ def _shown_errors() -> list[tuple[str, list[str], int]]:
 
 
 def _run(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The command as a user's shell runs it in `cwd`, forked from an interpreter that imported
+    torch, transformers and Lightning once (tests/forkserver.py): `python SCRIPT` runs the
+    checkout's script as `__main__`, `paravt` the CLI module."""
+    argv = shlex.split(command)
+    logs = cwd.parent / f"{cwd.name}_logs"  # outside the folder the commands must find fresh
+    if argv[0] == "python":
+        return forkserver.run([str(ROOT / argv[1]), *argv[2:]], logs, cwd, timeout=timeout)
+    code = forkserver.PARAVT_CLI
+    return forkserver.run(["paravt", *argv[1:]], logs, cwd, timeout=timeout, code=code)
+
+
+def _subprocess(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The command in a fresh interpreter of its own (vLLM's engine is not forked from one that
+    imported torch: its start-up is part of what the vLLM chain checks)."""
     argv = shlex.split(command)
     if argv[0] == "python":
         argv = [sys.executable, str(ROOT / argv[1]), *argv[2:]]
@@ -358,7 +375,7 @@ def test_the_vllm_commands_run_from_a_fresh_folder(tmp_path):
     makes the tiny model, the needle data and runs/demo/hf the other two use)."""
     outputs = {}
     for command, caps in VLLM_CAPS.items():
-        result = _run(f"{command} {caps}", tmp_path)
+        result = _subprocess(f"{command} {caps}", tmp_path)
         out = result.stdout + result.stderr
         assert result.returncode == 0, command + "\n" + out[-4000:]
         assert "Traceback" not in out, command + "\n" + out[-4000:]  # not even at exit

@@ -9,8 +9,6 @@ open-ended rows are scored by the benchmark's own rule and the results say so.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -24,6 +22,7 @@ from paravt.eval.judging import judge_report, score_batch
 from paravt.eval.runner import METRICS, PREDICTIONS
 from paravt.rewards.accuracy import extract_answer, token_f1
 from paravt.rewards.judge import LLMJudge
+from tests import forkserver
 from tests.loopback import send, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,13 +180,8 @@ def _evaluate(model_dir: Path, data: Path, out_dir: Path, *extra: str):
         "device=cpu", "protocol.frame_budget=4", "rollout.agent.max_rounds=1",
         "rollout.agent.max_new_tokens=12", "protocol.batch_size=4", *extra,
     ]  # fmt: skip
-    return subprocess.run(
-        [sys.executable, "evaluate.py", *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    logs = out_dir.parent / f"{out_dir.name}_logs"  # a fork of its own (tests/forkserver.py)
+    return forkserver.run([str(ROOT / "evaluate.py"), *overrides], logs, ROOT, timeout=900)
 
 
 def _records(out_dir: Path) -> list[dict]:

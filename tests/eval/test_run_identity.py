@@ -5,10 +5,7 @@ Real tiny Qwen3-VL checkpoints, the real needle split, real subprocesses and SIG
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -64,19 +61,8 @@ def test_resuming_another_models_out_dir_is_refused(tmp_path):
 
 def test_a_missing_model_path_is_an_error_and_creates_nothing(tmp_path):
     target = tmp_path / "nonexistent"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "evaluate.py",
-            f"model.path={target}",
-            f"out_dir={tmp_path / 'o'}",
-            f"hydra.run.dir={tmp_path / 'hydra'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [str(ROOT / "evaluate.py"), f"model.path={target}", f"out_dir={tmp_path / 'o'}"]
+    run = forkserver.run([*argv, f"hydra.run.dir={tmp_path / 'hydra'}"], tmp_path / "logs", ROOT)
     assert run.returncode == 2
     assert str(target) in run.stderr and "Traceback" not in run.stderr
     assert not target.exists() and not (tmp_path / "o").exists()
@@ -234,24 +220,10 @@ def test_row_labels_name_what_differs_between_the_jobs():
 
 
 def test_one_command_compares_the_three_modes(tiny_qwen3_dir, needle_dir, tmp_path):
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "evaluate.py"),
-            "-m",
-            "benchmark=needle",
-            "mode=parallel,sequential,no_tool",
-            f"model.path={tiny_qwen3_dir}",
-            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            *FAST,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=500,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )
+    argv = [str(ROOT / "evaluate.py"), "-m", "benchmark=needle", "mode=parallel,sequential,no_tool"]
+    argv += [f"model.path={tiny_qwen3_dir}", f"benchmark.annotations={needle_dir / 'eval.jsonl'}"]
+    argv += [f"hydra.sweep.dir={tmp_path / 'sweep'}", *FAST]
+    run = forkserver.run(argv, tmp_path / "logs", tmp_path, timeout=500)
     assert run.returncode == 0, run.stderr[-3000:]
     table = run.stdout.split("== comparison ==")[1].strip().splitlines()
     assert table[0].startswith("| Mode | needle accuracy")

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from paravt.eval.trained_protocol import (
     trained_settings,
     write_protocol,
 )
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,9 +100,8 @@ def test_a_record_written_before_the_frame_budget_rename_still_applies(tmp_path)
 
 
 def _run(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / script), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    """`python SCRIPT *args` in `cwd`, forked from a preloaded interpreter (tests/forkserver.py)."""
+    return forkserver.run([str(ROOT / script), *args], cwd.parent / f"{cwd.name}_logs", cwd)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The GPU script's CPU-side parts: stage selection, per-stage timeouts and JSON records, the
 summary, the wheel list against the imports of the code it runs, and the stages themselves at a
-tiny size on CPU (`--device cpu --tiny`, same code as on the H200)."""
+tiny size on CPU (`--device cpu --tiny`, same code as on the H200; the model stages' processes
+forked from one interpreter that imported torch, transformers and Lightning once)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forkserver
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -58,15 +61,27 @@ def test_a_stage_past_its_timeout_is_recorded_and_fails_the_run(tmp_path):
     assert "nccl" in table and "timeout" in table
 
 
+def _forked_stage(name: str, out: Path) -> dict:
+    """`stages.py --child NAME --device cpu --tiny`, the process the runner starts for a stage,
+    forked from an interpreter that imported torch, transformers and Lightning once
+    (tests/forkserver.py); its JSON record."""
+    argv = [str(HERE / "stages.py"), "--child", name, "--out", str(out), "--device", "cpu"]
+    done = forkserver.run([*argv, "--tiny"], out.parent / f"{out.name}_logs", ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / f"{name}.json").read_text())
+
+
 @pytest.mark.slow
 def test_collectives_and_tiny_model_stages_run_on_cpu(tmp_path):
-    stages_run = "nccl,step,rollout_copy,engine"
-    code, summary, table = _run(
-        tmp_path, "--device", "cpu", "--tiny", "--stages", stages_run, "--scale", "4"
-    )
-    records = {r["stage"]: r for r in summary["stages"]}
+    """The runner (its own process per stage, the table, exit 0) on the collectives stage; the
+    three model stages as the runner's children, forked (their imports paid once)."""
+    code, summary, table = _run(tmp_path, "--device", "cpu", "--tiny", "--stages", "nccl")
     assert code == 0, json.dumps(summary, indent=1)[-3000:]
-    assert records["nccl"]["result"]["backend"] == "gloo"
+    (nccl,) = summary["stages"]
+    assert nccl["status"] == "ok" and nccl["result"]["backend"] == "gloo"
+    assert "nccl" in table and (tmp_path / "summary.txt").read_text().strip() == table.strip()
+    records = {name: _forked_stage(name, tmp_path) for name in ("step", "rollout_copy", "engine")}
+    assert all(r["status"] == "ok" for r in records.values()), json.dumps(records)[-3000:]
     (row,) = records["step"]["result"]["rows"]  # GRPOModule, one step at 2 and 4 layers
     assert row["tokens"] == 256
     for layers in row["layers"].values():
@@ -75,8 +90,8 @@ def test_collectives_and_tiny_model_stages_run_on_cpu(tmp_path):
     assert copy["device"] == "cpu" and copy["dtype"] == "float32" and copy["copy_gib"] > 0
     engine = records["engine"]["result"]
     assert engine["sampled_tokens"] > 0 and engine["tokens_per_s"] > 0
-    assert all(name in table for name in stages_run.split(","))
-    assert (tmp_path / "summary.txt").read_text().strip() == table.strip()
+    rows = stages.summary_table([{**r, "seconds": 0.0} for r in records.values()])
+    assert all(name in rows for name in records) and "tok/s" in rows and "ms/tok" in rows
 
 
 def _wheel_list() -> tuple[set[str], set[str]]:

@@ -3,20 +3,19 @@
 The folder rules (`paravt.run.run_dirs`) on real folders, then `train.py` as a user starts it (in an
 empty working folder, no `hydra.run.dir`): a second run gets `runs/NAME-2`, a resume continues it
 with one `last.ckpt`, reaches the weights of an uninterrupted run, and prints no "dataloader is
-not resumable" warning (that warning is false here; train.py says what is true).
+not resumable" warning (that warning is false here; train.py says what is true). Each run is a
+process of its own, forked from one that imported torch and Lightning once (tests/forkserver.py).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from paravt.run.run_dirs import choose_run_dir, run_folders
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +46,6 @@ def test_a_taken_name_gets_the_next_number_and_last_resumes_the_newest(tmp_path)
 
 def _train(cwd: Path, overrides: list[str], *extra: str) -> str:
     cmd = [
-        sys.executable,
         str(ROOT / "train.py"),
         "name=tiny",
         "cold_start=null",
@@ -57,8 +55,7 @@ def _train(cwd: Path, overrides: list[str], *extra: str) -> str:
         "callbacks.benchmark_validation=null",
         *extra,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    proc = forkserver.run(cmd, cwd.parent / f"{cwd.name}_logs", cwd)  # a fork of its own
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
