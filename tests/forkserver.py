@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,9 +33,13 @@ def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str, er
     tempfile.tempdir = None  # TMPDIR as given here, not as the server first saw it
     os.chdir(cwd)
     sys.argv = list(argv)
+    scope = {"__name__": "__main__"}
+    if os.path.isfile(argv[0]):  # as `python path/script.py` does: the script's folder first
+        scope["__file__"] = os.path.abspath(argv[0])
+        sys.path.insert(0, os.path.dirname(scope["__file__"]))
     if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
-    exec(compile(code, argv[0], "exec"), {"__name__": "__main__"})
+    exec(compile(code, argv[0], "exec"), scope)
 
 
 class Child:
@@ -89,3 +94,33 @@ def start(code: str, argv: list[str], out: Path, env: dict | None = None, cwd=No
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = saved
+
+
+def start_script(script: Path, args: list[str], out: Path, env: dict | None = None, cwd=None):
+    """`python script *args` forked from the server, stdout and stderr in `out`. argv[0] is the
+    script's absolute path, as for a subprocess: Hydra finds its config folder beside it, and
+    Lightning starts the other ranks of a multi-process run with it (fresh interpreters: only
+    rank 0 is forked)."""
+    script = Path(script).resolve()
+    return start(script.read_text(), [str(script), *args], out, env, cwd)
+
+
+def run_script(
+    *args: str,
+    script: str = "train.py",
+    out: Path,
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """tests/conftest.py's `run_script` (`python <script> *args` run to its end, one OMP
+    thread), forked from the server: its output, stdout and stderr together, is written to
+    `out` and returned as the CompletedProcess's stdout (its stderr is empty)."""
+    proc = start_script(ROOT / script, list(args), out, {"OMP_NUM_THREADS": "1"} | (env or {}), cwd)
+    try:
+        output, _ = proc.communicate(timeout)
+    except TimeoutError:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess([script, *args], proc.returncode, output, "")
