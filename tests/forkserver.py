@@ -40,9 +40,13 @@ def _run(code: str, argv: list[str], env: dict[str, str], cwd: str, out: str, er
     tempfile.tempdir = None  # TMPDIR as given here, not as the server first saw it
     os.chdir(cwd)
     sys.argv = list(argv)
+    scope = {"__name__": "__main__"}
+    if os.path.isfile(argv[0]):  # as `python path/script.py` does: the script's folder first
+        scope["__file__"] = os.path.abspath(argv[0])
+        sys.path.insert(0, os.path.dirname(scope["__file__"]))
     if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
-    exec(compile(code, argv[0], "exec"), {"__name__": "__main__"})
+    exec(compile(code, argv[0], "exec"), scope)
 
 
 class Child:
@@ -142,3 +146,33 @@ def run(
         raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text()) from None
     stdout, stderr = child.communicate()
     return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+
+
+def start_script(script: Path, args: list[str], out: Path, env: dict | None = None, cwd=None):
+    """`python script *args` forked from the server, stdout and stderr in `out`. argv[0] is the
+    script's absolute path, as for a subprocess: Hydra finds its config folder beside it, and
+    Lightning starts the other ranks of a multi-process run with it (fresh interpreters: only
+    rank 0 is forked)."""
+    script = Path(script).resolve()
+    return start(script_code(script), [str(script), *args], out, env, cwd)
+
+
+def run_script(
+    *args: str,
+    script: str = "train.py",
+    out: Path,
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """tests/conftest.py's `run_script` (`python <script> *args` run to its end, one OMP
+    thread), forked from the server: its output, stdout and stderr together, is written to
+    `out` and returned as the CompletedProcess's stdout (its stderr is empty)."""
+    proc = start_script(ROOT / script, list(args), out, {"OMP_NUM_THREADS": "1"} | (env or {}), cwd)
+    try:
+        output, _ = proc.communicate(timeout)
+    except TimeoutError:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess([script, *args], proc.returncode, output, "")

@@ -26,8 +26,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args: list[str], out: Path, world_size: int = 2, timeout: float = 420) -> list[dict]:
-    """Run `worker.py *args` on `world_size` ranks; returns each rank's saved results."""
+def _start(args: list[str], env: dict, log_path: Path, forked: bool) -> tuple:
+    """(the rank's process, its open log or None): a fresh interpreter, or a fork from the
+    server (its environment: the given one's entries added to the server's)."""
+    if forked:
+        from tests import forkserver
+
+        return forkserver.start_script(WORKER, args, log_path, env), None
+    log = open(log_path, "w")  # noqa: SIM115 - closed after wait
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), *args], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    return proc, log
+
+
+def launch(
+    args: list[str], out: Path, world_size: int = 2, timeout: float = 420, forked: bool = False
+) -> list[dict]:
+    """Run `worker.py *args` on `world_size` ranks; returns each rank's saved results. With
+    `forked`, each rank is forked from an interpreter that imported torch, Lightning and
+    transformers once (tests/forkserver.py) instead of starting a fresh one."""
     out.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
     procs = []
@@ -44,28 +62,18 @@ def launch(args: list[str], out: Path, world_size: int = 2, timeout: float = 420
             "PARAVT_COLLECTIVE_RULE": "nccl",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
-        log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after wait
-        procs.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, str(WORKER), *args],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                ),
-                log,
-            )
-        )
+        procs.append(_start(args, env, out / f"rank{rank}.log", forked))
     try:
         for proc, _ in procs:
             proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, TimeoutError):
         for proc, _ in procs:
             proc.kill()
         raise AssertionError(f"distributed worker hung past {timeout}s; logs in {out}") from None
     finally:
         for _, log in procs:
-            log.close()
+            if log is not None:
+                log.close()
     failed = [r for r, (proc, _) in enumerate(procs) if proc.returncode]
     if failed:
         tails = "\n".join(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.distributed.test_train_fsdp import _max_diff, _weights
 from tests.distributed.test_train_fsdp_vllm import _scalars
 from tests.modules.test_async_rollouts import gone
@@ -54,9 +55,14 @@ def _args(overrides: list[str], run_dir: Path, *extra: str) -> list[str]:
     return [*base, *settings, f"hydra.run.dir={run_dir}", *extra]
 
 
-def _run(train_py, overrides: list[str], run_dir: Path, *extra: str):
+def _run(overrides: list[str], run_dir: Path, *extra: str):
+    """`train.py` to its end; rank 0 (the only rank of a 1-process run) forked from an
+    interpreter holding the heavy imports (tests/forkserver.py), rank 1 Lightning's subprocess."""
     args = _args(overrides, run_dir, *extra)
-    return train_py(*args, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
+    out = run_dir.parent / f"{run_dir.name}-{time.monotonic_ns()}.log"
+    return forkserver.run_script(
+        *args, out=out, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900
+    )
 
 
 ASYNC_BOUND_1 = [
@@ -64,17 +70,17 @@ ASYNC_BOUND_1 = [
     "rollout.mode=async",
     "rollout.max_staleness=1",
     "algorithm.loss=decoupled_ppo",
+    "rollout.agent.max_new_tokens=8",  # the faults' runs: what ends them, not what they learn
 ]
 
 
-def _probed_run(train_py, overrides: list[str], tmp_path: Path, **probe) -> tuple[str, list]:
+def _probed_run(overrides: list[str], tmp_path: Path, **probe) -> tuple[str, list]:
     """A 5-step async run at max_staleness 1 that must fail, with `AsyncProbe(**probe)`
     (tests/distributed/async_faults.py) recording every rank's steps; (its output, the
     records)."""
     records = tmp_path / "probe.jsonl"
     target = "+callbacks.async_probe._target_=tests.distributed.async_faults.AsyncProbe"
     proc = _run(
-        train_py,
         overrides,
         tmp_path / "run",
         *ASYNC_BOUND_1,
@@ -88,16 +94,15 @@ def _probed_run(train_py, overrides: list[str], tmp_path: Path, **probe) -> tupl
     return out, [json.loads(line) for line in records.read_text().splitlines()]
 
 
-def _train(train_py, overrides: list[str], run_dir: Path, *extra: str) -> str:
-    proc = _run(train_py, overrides, run_dir, *extra)
+def _train(overrides: list[str], run_dir: Path, *extra: str) -> str:
+    proc = _run(overrides, run_dir, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
-def test_two_ranks_async_at_staleness_0_equal_one_rank_sync(train_py, tiny_run_overrides, tmp_path):
-    _train(train_py, tiny_run_overrides, tmp_path / "sync", "trainer=cpu")
+def test_two_ranks_async_at_staleness_0_equal_one_rank_sync(tiny_run_overrides, tmp_path):
+    _train(tiny_run_overrides, tmp_path / "sync", "trainer=cpu")
     out = _train(
-        train_py,
         tiny_run_overrides,
         tmp_path / "async",
         "trainer=fsdp_cpu",
@@ -126,33 +131,23 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def killed_then_resumed(train_py, tiny_run_overrides, tmp_path_factory) -> dict:
+def killed_then_resumed(tiny_run_overrides, tmp_path_factory) -> dict:
     """`train.py trainer=fsdp_cpu rollout.mode=async` (max_staleness 1) with rank 0 SIGKILLed
     after its first checkpoint, then resumed with `ckpt_path=last` under `AsyncProbe`: the
     resumed run trains 3 steps, its generator is SIGKILLed after the third, and it stops at the
     fourth. One pair of launches for two tests: what the kill left behind, and the resumed
     run's output, records and checkpoint."""
-    import subprocess
-    import sys
-
     from tests.distributed.test_sharded_checkpoint_kill import _step
     from tests.modules.test_async_rollouts import _children_of, _is_tracker
-    from tests.modules.test_kill_resume_cli import _env
 
     tmp_path = tmp_path_factory.mktemp("killed_then_resumed")
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.ckpt"
     extra = [*ASYNC_BOUND_1, "export_hf=false"]
-    env = _env() | {"PARAVT_COLLECTIVE_RULE": "nccl"}
+    env = {"OMP_NUM_THREADS": "1", "PARAVT_COLLECTIVE_RULE": "nccl"}
     first = _args(tiny_run_overrides, run_dir, *extra, "trainer.max_steps=200")
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *first],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path / f"killed-{time.monotonic_ns()}.log"
+    proc = forkserver.start_script(ROOT / "train.py", first, log, env, ROOT)
     start = time.monotonic()
     while not ((last / "meta.pt").exists() and _step(last) >= 1):  # then kill it mid-run
         if proc.poll() is not None or time.monotonic() - start > 600:
@@ -172,12 +167,13 @@ def killed_then_resumed(train_py, tiny_run_overrides, tmp_path_factory) -> dict:
     step = _step(last)
     records = tmp_path / "probe.jsonl"
     probe = "+callbacks.async_probe"
-    resumed = train_py(
+    resumed = forkserver.run_script(
         *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 5}"),
         "ckpt_path=last",
         f"{probe}._target_=tests.distributed.async_faults.AsyncProbe",
         f"{probe}.path={records}",
         f"{probe}.kill_generator_after={step + 2}",
+        out=tmp_path / "resumed.log",
         env=env,
         timeout=900,
     )
@@ -231,9 +227,7 @@ def test_two_ranks_stay_within_the_staleness_bound_and_stop_together_when_the_ge
         assert gone(pid), f"process {pid} outlived the run"
 
 
-def test_a_trainer_exception_on_rank_1_stops_both_and_the_generator(
-    train_py, tiny_run_overrides, tmp_path
-):
+def test_a_trainer_exception_on_rank_1_stops_both_and_the_generator(tiny_run_overrides, tmp_path):
     """An exception in rank 1's first training step (rank 1 does not own the generator): the
     run ends with that error, rank 0 does not wait for ever in its next collective (the weight
     gather) and closes its generator, and no process is left behind.
@@ -244,7 +238,7 @@ def test_a_trainer_exception_on_rank_1_stops_both_and_the_generator(
     once, paravt.parallel.launch.end_job); the other rank's side, rank 1 finding rank 0 gone
     from its next collective and exiting by itself, is the kill -9 test's above (rank 0
     SIGKILLed)."""
-    out, rows = _probed_run(train_py, tiny_run_overrides, tmp_path, raise_after=0, raise_on_rank=1)
+    out, rows = _probed_run(tiny_run_overrides, tmp_path, raise_after=0, raise_on_rank=1)
     assert "rank 1 crashed on purpose" in out, out[-3000:]
     assert max(r["step"] for r in rows) <= 1, rows  # nobody trained on for long
     pids = {r["pid"] for r in rows} | {r["generator_pid"] for r in rows if r["generator_pid"]}

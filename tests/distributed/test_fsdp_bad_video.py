@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from paravt.video.writer import write_video
+from tests import forkserver
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +30,7 @@ def _corrupt_mid_file(path: Path) -> Path:
     return path
 
 
-def test_a_rank_left_with_no_prompt_does_not_hang_the_others(
-    train_py, tiny_run_overrides, tmp_path
-):
+def test_a_rank_left_with_no_prompt_does_not_hang_the_others(tiny_run_overrides, tmp_path):
     needle_train = Path(next(o for o in tiny_run_overrides if "train_path" in o).split("=", 1)[1])
     good = [json.loads(line) for line in needle_train.read_text().splitlines()[:3]]
     for row in good:
@@ -55,7 +54,7 @@ def test_a_rank_left_with_no_prompt_does_not_hang_the_others(
         "callbacks.benchmark_validation=null",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    proc = train_py(*args)
+    proc = forkserver.run_script(*args, out=tmp_path / "train.log")  # rank 0 forked
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "(2 RL steps)" in out

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def runs(tiny_qwen3_dir, tmp_path_factory):
     """(train results per rank, resume results per rank) of the 2-rank launch."""
     root = tmp_path_factory.mktemp("fsdp_cpu")
-    train = launch(["train", str(tiny_qwen3_dir), str(root / "train")], root / "train")
+    train = launch(["train", str(tiny_qwen3_dir), str(root / "train")], root / "train", forked=True)
     return train, [res.pop("resume") for res in train], root
 
 
@@ -118,7 +118,7 @@ def test_rank0_hf_export_loads_with_transformers(runs, single_rank):
 
 def test_lightning_model_parallel_strategy_matches_one_rank(tiny_qwen3_dir, tmp_path, single_rank):
     """The same loop in a LightningModule whose configure_model applies shard_policy."""
-    ranks = launch(["lightning", str(tiny_qwen3_dir), str(tmp_path)], tmp_path)
+    ranks = launch(["lightning", str(tiny_qwen3_dir), str(tmp_path)], tmp_path, forked=True)
     w2, _, seen = single_rank
     for res in ranks:
         assert res["layer_param_type"] == "DTensor"

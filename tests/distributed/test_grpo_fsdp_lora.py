@@ -32,8 +32,18 @@ def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     batches.append(worker.first_prompts(batches[0], step=2, prompts=3))
     torch.save(batches, root / "batches.pt")
     args = ["lora", str(tiny_qwen3_dir)]
-    one = launch([*args, str(root / "one"), str(root / "batches.pt")], root / "one", world_size=1)
-    two = launch([*args, str(root / "two"), str(root / "batches.pt")], root / "two", world_size=2)
+    one = launch(
+        [*args, str(root / "one"), str(root / "batches.pt")],
+        root / "one",
+        world_size=1,
+        forked=True,
+    )
+    two = launch(
+        [*args, str(root / "two"), str(root / "batches.pt")],
+        root / "two",
+        world_size=2,
+        forked=True,
+    )
     return one[0], two, root
 
 

@@ -1,15 +1,13 @@
 """Kill -9 during sharded (DCP) saves, then `ckpt_path=last`: the FSDP2 trainer's checkpoint
 (Lightning's ModelParallelStrategy, one gloo process on CPU) is published atomically by
 `ResumableModelCheckpoint`, so whatever the moment of the kill, `last.ckpt` is a whole sharded
-checkpoint and the run resumes from it."""
+checkpoint and the run resumes from it. Each run is a process of its own, forked from one that
+imported torch and Lightning once (tests/forkserver.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -17,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from paravt.modules.checkpoint import is_complete_checkpoint
+from tests import forkserver
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -66,17 +64,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path: Path, max_steps: int, resume: bool) -> subprocess.Popen:
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_PORT": "29731"}
-    return subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path), str(max_steps), "1" if resume else "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+def _launch(tmp_path: Path, max_steps: int, resume: bool) -> forkserver.Child:
+    """The script in a process of its own, forked from an interpreter holding the imports."""
+    env = {"OMP_NUM_THREADS": "1", "MASTER_PORT": "29731"}
+    args = [str(tmp_path), str(max_steps), "1" if resume else "0"]
+    out = tmp_path / f"run-{time.monotonic_ns()}.log"
+    return forkserver.start(SCRIPT, ["run.py", *args], out, env, tmp_path)
 
 
 def _step(last: Path) -> int:

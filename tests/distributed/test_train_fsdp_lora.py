@@ -6,10 +6,13 @@ tests/distributed/test_train_fsdp.py. The exports hold the merged model and the 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests import forkserver
 
 from .test_train_fsdp import _max_diff, _train, _weights
 
@@ -23,14 +26,21 @@ def _adapter(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path / "adapter" / "adapter_model.safetensors")
 
 
+def _train_py(*args: str, env: dict | None = None):
+    """`train.py *args` with rank 0 forked from an interpreter holding the heavy imports
+    (tests/forkserver.py); its output beside the run folder."""
+    run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir="))
+    return forkserver.run_script(*args, out=Path(f"{run_dir}-{time.monotonic_ns()}.log"), env=env)
+
+
 @pytest.fixture(scope="module")
-def runs(train_py, tiny_run_overrides, tmp_path_factory):
+def runs(tiny_run_overrides, tmp_path_factory):
     root = tmp_path_factory.mktemp("train_fsdp_lora")
     args = [*tiny_run_overrides, *LORA]
-    whole = _train(train_py, args, root / "whole", "trainer.max_steps=2")
-    _train(train_py, args, root / "resumed", "trainer.max_steps=1")
+    whole = _train(_train_py, args, root / "whole", "trainer.max_steps=2")
+    _train(_train_py, args, root / "resumed", "trainer.max_steps=1")
     shutil.copytree(root / "resumed" / "hf", root / "after_1")
-    resumed = _train(train_py, args, root / "resumed", "trainer.max_steps=2", "ckpt_path=last")
+    resumed = _train(_train_py, args, root / "resumed", "trainer.max_steps=2", "ckpt_path=last")
     return root, {"whole": whole, "resumed": resumed}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -16,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from paravt.modules.async_rollouts import keep_share
 from paravt.modules.async_worker import GeneratorError, GenResult, GenTask
 from paravt.types import Sample
+from tests import forkserver
 from tests.modules.test_grpo_training import Batches, train
 
 ASYNC = ["rollout.mode=async", "callbacks.benchmark_validation=null"]
@@ -224,54 +226,77 @@ def children() -> set[int]:
     return {p for p in _children_of(os.getpid()) if not _is_tracker(p)}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
-def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides, partial):
-    """`python train.py rollout.mode=async` killed with SIGKILL: its generator exits by itself;
-    `ckpt_path=last` goes on from the checkpointed weights with fresh rollouts and the step
-    count loses no update. With partial rollouts the kill lands while steps are in flight in
-    the generator (paused between rounds or mid-round): they are lost with it, and the resumed
-    run regenerates every step after the checkpoint from its prompts, whole."""
-    import subprocess
+def _train_py(run_dir: Path, overrides: list[str], *extra: str) -> forkserver.Child:
+    """`python train.py` in a process of its own, forked from an interpreter holding torch,
+    Lightning and transformers (tests/forkserver.py); its output in `run_dir`'s parent."""
+    from tests.modules.test_kill_resume_cli import ROOT, _command
 
-    from tests.modules.test_kill_resume_cli import _checkpoint_step, _command, _env, _wait_for_step
+    args = _command(run_dir, overrides, *extra)[2:]  # [2:]: the interpreter and train.py
+    out = run_dir.parent / f"train-{time.monotonic_ns()}.log"
+    env = {"OMP_NUM_THREADS": "1"}
+    return forkserver.start_script(ROOT / "train.py", args, out, env, run_dir.parent)
 
-    run_dir = tmp_path / "run"
-    last = run_dir / "checkpoints" / "last.ckpt"
-    overrides = [*tiny_run_overrides, "rollout.mode=async", "rollout.max_staleness=1"]
-    overrides += ["algorithm.loss=decoupled_ppo", f"rollout.partial={partial}"]
-    proc = subprocess.Popen(
-        _command(run_dir, overrides, "trainer.max_steps=200"),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    _wait_for_step(last, proc, 1)  # then kill it mid-run, the generator a step ahead
+
+def _killed_at_a_checkpoint(last: Path, proc: forkserver.Child, step: int) -> int:
+    """SIGKILL `proc` once `last` holds step `step` (the generator a step ahead); asserts its
+    generator exits by itself; the step of the last complete checkpoint."""
+    from tests.modules.test_kill_resume_cli import _checkpoint_step, _wait_for_step
+
+    _wait_for_step(last, proc, step)
     generators = [p for p in _children_of(proc.pid) if not _is_tracker(p)]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert len(generators) == 1 and gone(generators[0], within_s=15)
-    step = _checkpoint_step(last)
-    resumed = subprocess.run(
-        _command(run_dir, overrides, f"trainer.max_steps={step + 1}", "ckpt_path=last"),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {last} at step {step}" in resumed.stdout, resumed.stdout
-    assert _checkpoint_step(last) == step + 1  # its one step trained and saved
-    # The resumed run's first batch comes from its fresh generator, sampled whole under the
-    # checkpoint's weights (version `step`), none of it from the killed generator's steps.
+    return _checkpoint_step(last)
+
+
+def _first_resumed_batch(run_dir: Path) -> tuple[float, float]:
+    """(weight_version, rollout/token_staleness_max) of the newest run's first logged step."""
     events = max(run_dir.rglob("events.out.tfevents*"), key=lambda p: p.stat().st_mtime)
     acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
     acc.Reload()
-    assert next(e.value for e in acc.Scalars("weight_version")) == step
-    assert next(e.value for e in acc.Scalars("rollout/token_staleness_max")) == 0.0
+    first = (acc.Scalars(k)[0].value for k in ("weight_version", "rollout/token_staleness_max"))
+    return tuple(first)
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides):
+    """`python train.py rollout.mode=async` killed with SIGKILL: its generator exits by itself;
+    `ckpt_path=last` goes on from the checkpointed weights with fresh rollouts and the step
+    count loses no update. One chain of three launches covers both rollout modes: a run with
+    partial rollouts is killed while steps are in flight in the generator (paused between
+    rounds or mid-round): they are lost with it, and the resumed run (whole rollouts) samples
+    every step after the checkpoint from its prompts, under the checkpoint's weights; that run
+    is killed in turn (whole rollouts, the generator a step ahead) and resumed with partial
+    rollouts, which regenerate from the checkpoint, whole, too."""
+    from tests.modules.test_kill_resume_cli import _checkpoint_step
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    overrides = [*tiny_run_overrides, "rollout.mode=async", "rollout.max_staleness=1"]
+    overrides += ["algorithm.loss=decoupled_ppo"]
+    partial = _train_py(run_dir, [*overrides, "rollout.partial=true"], "trainer.max_steps=200")
+    step = _killed_at_a_checkpoint(last, partial, 1)
+    whole = _train_py(
+        run_dir, [*overrides, "rollout.partial=false"], "trainer.max_steps=200", "ckpt_path=last"
+    )
+    resumed_at = _killed_at_a_checkpoint(last, whole, step + 1)
+    out = whole.communicate()[0]
+    assert f"Restored all states from the checkpoint at {last}" in out, out[-3000:]
+    # The resumed run's first batch comes from its fresh generator, sampled whole under the
+    # checkpoint's weights (version `step`), none of it from the killed generator's steps.
+    assert _first_resumed_batch(run_dir) == (step, 0.0)
+    final = _train_py(
+        run_dir,
+        [*overrides, "rollout.partial=true"],
+        f"trainer.max_steps={resumed_at + 1}",
+        "ckpt_path=last",
+    )
+    out = final.communicate(timeout=600)[0]
+    assert final.returncode == 0, out[-3000:]
+    assert f"resumed from {last} at step {resumed_at}" in out, out
+    assert _checkpoint_step(last) == resumed_at + 1  # its one step trained and saved
+    assert _first_resumed_batch(run_dir) == (resumed_at, 0.0)
 
 
 def _children_of(pid: int) -> list[int]:
