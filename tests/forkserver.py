@@ -69,7 +69,8 @@ class Child:
         return self.process.exitcode
 
     def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
+        if self.poll() is None:  # as Popen: no signal to a child already reaped
+            os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

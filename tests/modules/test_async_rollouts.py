@@ -231,7 +231,7 @@ def _train_py(run_dir: Path, overrides: list[str], *extra: str) -> forkserver.Ch
     Lightning and transformers (tests/forkserver.py); its output in `run_dir`'s parent."""
     from tests.modules.test_kill_resume_cli import ROOT, _command
 
-    args = _command(run_dir, overrides, *extra)[2:]  # [2:]: the interpreter and train.py
+    args = _command(run_dir, overrides, *extra)[1:]  # [1:]: train.py
     out = run_dir.parent / f"train-{time.monotonic_ns()}.log"
     env = {"OMP_NUM_THREADS": "1"}
     return forkserver.start_script(ROOT / "train.py", args, out, env, run_dir.parent)
