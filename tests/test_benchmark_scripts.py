@@ -22,10 +22,7 @@ SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
 
 
 def _help(script: Path, logs: Path) -> subprocess.CompletedProcess:
-    code = f"import sys\nsys.path.insert(0, {str(script.parent)!r})\n"  # as `python SCRIPT`
-    return forkserver.run(
-        [str(script), "--help"], logs, ROOT, code=code + forkserver.script_code(script)
-    )
+    return forkserver.run([str(script), "--help"], logs, ROOT)  # its folder first, as `python`
 
 
 @pytest.fixture(scope="module")
