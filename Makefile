@@ -81,7 +81,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 # Everything but `gpu` and `vllm` tests in .venv, then the `vllm` tests in .venv-vllm, for real.
-# The two environments install side by side (-j2), then ruff runs.
+# The two environments install side by side (-j2); ruff runs once .venv is in.
 test:
 	$(MAKE) -j2 lint venv-vllm lmms-eval-ref
 	$(PY) -m pytest -q $(XDIST) $(DURATIONS) -m 'not gpu and not vllm'
