@@ -156,24 +156,3 @@ def start_script(script: Path, args: list[str], out: Path, env: dict | None = No
     rank 0 is forked)."""
     script = Path(script).resolve()
     return start(script_code(script), [str(script), *args], out, env, cwd)
-
-
-def run_script(
-    *args: str,
-    script: str = "train.py",
-    out: Path,
-    cwd: Path = ROOT,
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess:
-    """tests/conftest.py's `run_script` (`python <script> *args` run to its end, one OMP
-    thread), forked from the server: its output, stdout and stderr together, is written to
-    `out` and returned as the CompletedProcess's stdout (its stderr is empty)."""
-    proc = start_script(ROOT / script, list(args), out, {"OMP_NUM_THREADS": "1"} | (env or {}), cwd)
-    try:
-        output, _ = proc.communicate(timeout)
-    except TimeoutError:
-        proc.kill()
-        proc.wait()
-        raise
-    return subprocess.CompletedProcess([script, *args], proc.returncode, output, "")

@@ -81,3 +81,13 @@ def launch(
         )
         raise AssertionError(f"ranks {failed} failed:\n{tails}")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def one_and_two_ranks(args: list[str], root: Path, *tail: str) -> tuple[dict, list[dict]]:
+    """`worker.py *args OUT *tail` on 1 rank (OUT = root/one) and on 2 ranks (root/two), each
+    rank forked: (the 1-rank result, the 2-rank results per rank)."""
+    one, two = (
+        launch([*args, str(root / name), *tail], root / name, world_size=size, forked=True)
+        for name, size in (("one", 1), ("two", 2))
+    )
+    return one[0], two

@@ -58,11 +58,9 @@ def _args(overrides: list[str], run_dir: Path, *extra: str) -> list[str]:
 def _run(overrides: list[str], run_dir: Path, *extra: str):
     """`train.py` to its end; rank 0 (the only rank of a 1-process run) forked from an
     interpreter holding the heavy imports (tests/forkserver.py), rank 1 Lightning's subprocess."""
-    args = _args(overrides, run_dir, *extra)
-    out = run_dir.parent / f"{run_dir.name}-{time.monotonic_ns()}.log"
-    return forkserver.run_script(
-        *args, out=out, env={"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900
-    )
+    argv = [str(ROOT / "train.py"), *_args(overrides, run_dir, *extra)]
+    logs = run_dir.parent / f"{run_dir.name}_logs"
+    return forkserver.run(argv, logs, ROOT, {"PARAVT_COLLECTIVE_RULE": "nccl"}, timeout=900)
 
 
 ASYNC_BOUND_1 = [
@@ -167,14 +165,18 @@ def killed_then_resumed(tiny_run_overrides, tmp_path_factory) -> dict:
     step = _step(last)
     records = tmp_path / "probe.jsonl"
     probe = "+callbacks.async_probe"
-    resumed = forkserver.run_script(
-        *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 5}"),
-        "ckpt_path=last",
-        f"{probe}._target_=tests.distributed.async_faults.AsyncProbe",
-        f"{probe}.path={records}",
-        f"{probe}.kill_generator_after={step + 2}",
-        out=tmp_path / "resumed.log",
-        env=env,
+    resumed = forkserver.run(
+        [
+            str(ROOT / "train.py"),
+            *_args(tiny_run_overrides, run_dir, *extra, f"trainer.max_steps={step + 5}"),
+            "ckpt_path=last",
+            f"{probe}._target_=tests.distributed.async_faults.AsyncProbe",
+            f"{probe}.path={records}",
+            f"{probe}.kill_generator_after={step + 2}",
+        ],
+        tmp_path / "resumed_logs",
+        ROOT,
+        env,
         timeout=900,
     )
     return killed | {

@@ -54,7 +54,7 @@ def test_a_rank_left_with_no_prompt_does_not_hang_the_others(tiny_run_overrides,
         "callbacks.benchmark_validation=null",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    proc = forkserver.run_script(*args, out=tmp_path / "train.log")  # rank 0 forked
+    proc = forkserver.run([str(ROOT / "train.py"), *args], tmp_path / "logs", ROOT)  # rank 0 forked
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "(2 RL steps)" in out

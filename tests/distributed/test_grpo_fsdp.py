@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from . import worker
-from .launch import launch
+from .launch import one_and_two_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -33,20 +33,8 @@ def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     batches.append(worker.first_prompts(batches[0], step=3, prompts=3))
     batches.append(worker.first_prompts(batches[1], step=4, prompts=1))
     torch.save(batches, root / "batches.pt")
-    args = ["grpo", str(tiny_qwen3_dir)]
-    one = launch(
-        [*args, str(root / "one"), str(root / "batches.pt")],
-        root / "one",
-        world_size=1,
-        forked=True,
-    )
-    two = launch(
-        [*args, str(root / "two"), str(root / "batches.pt")],
-        root / "two",
-        world_size=2,
-        forked=True,
-    )
-    return one[0], two
+    one, two = one_and_two_ranks(["grpo", str(tiny_qwen3_dir)], root, str(root / "batches.pt"))
+    return one, two
 
 
 def _max_diff(a: dict, b: dict) -> float:

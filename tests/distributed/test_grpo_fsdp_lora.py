@@ -18,7 +18,7 @@ import torch
 from paravt.models.loading import PolicySpec, load_policy
 
 from . import worker
-from .launch import launch
+from .launch import one_and_two_ranks
 from .lora_worker import LORA
 
 pytestmark = pytest.mark.slow
@@ -31,20 +31,8 @@ def runs(tiny_qwen3_dir, needle_samples, tmp_path_factory):
     batches = worker.rollout_batches(str(tiny_qwen3_dir), needle_samples, steps=2, group=4)
     batches.append(worker.first_prompts(batches[0], step=2, prompts=3))
     torch.save(batches, root / "batches.pt")
-    args = ["lora", str(tiny_qwen3_dir)]
-    one = launch(
-        [*args, str(root / "one"), str(root / "batches.pt")],
-        root / "one",
-        world_size=1,
-        forked=True,
-    )
-    two = launch(
-        [*args, str(root / "two"), str(root / "batches.pt")],
-        root / "two",
-        world_size=2,
-        forked=True,
-    )
-    return one[0], two, root
+    one, two = one_and_two_ranks(["lora", str(tiny_qwen3_dir)], root, str(root / "batches.pt"))
+    return one, two, root
 
 
 def _split(weights: dict) -> tuple[dict, dict]:

@@ -6,7 +6,6 @@ tests/distributed/test_train_fsdp.py. The exports hold the merged model and the 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ import torch
 from tests import forkserver
 
 from .test_train_fsdp import _max_diff, _train, _weights
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # 3 runs of train.py
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "optimizer.lr=1e-2"]
@@ -30,7 +31,7 @@ def _train_py(*args: str, env: dict | None = None):
     """`train.py *args` with rank 0 forked from an interpreter holding the heavy imports
     (tests/forkserver.py); its output beside the run folder."""
     run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir="))
-    return forkserver.run_script(*args, out=Path(f"{run_dir}-{time.monotonic_ns()}.log"), env=env)
+    return forkserver.run([str(ROOT / "train.py"), *args], Path(f"{run_dir}_logs"), ROOT, env)
 
 
 @pytest.fixture(scope="module")
