@@ -214,6 +214,9 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
             )
         finally:
             loop.executor.close()
+            close = getattr(engine, "close", None)  # vLLM: its process-wide state, for the next job
+            if callable(close):
+                close()
     print(format_metrics(f"{spec.name} ({cfg.mode.name})", metrics))
     print(f"results: {os.path.join(out_dir, 'results.md')} (and metrics.json, predictions.jsonl)")
     report_judge(out_dir, cfg.get("judge_max_fallback_share"))

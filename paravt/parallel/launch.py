@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 
 JOB_ENV = "PARAVT_HYDRA_JOB"  # the parent's current Hydra job, for the ranks it starts
@@ -71,12 +72,16 @@ def child_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
 
 
 def end_job(ok: bool = True) -> None:
-    """Tear the job's process group down and restore the launch variables Lightning set, so
-    the next job of a sweep starts its own ranks and a fresh group. `ok`: the job finished;
+    """Tear the job's process group down, close its in-process vLLM engine and restore the
+    launch variables Lightning set, so the next job of a sweep starts its own ranks, a fresh
+    group and a fresh engine. `ok`: the job finished;
     the ranks then leave together (`leave_group`), a failed job's rank leaves at once."""
     from paravt.parallel.collectives import leave_group
 
     leave_group(wait_for_peers=ok)
+    vllm_engines = sys.modules.get("paravt.rollout.vllm")  # imported only by a vLLM run
+    if vllm_engines is not None:
+        vllm_engines.close_engines()  # the next job's engine starts on vLLM's clean state
     for key, value in _before_job.items():  # what the launcher set for this job only
         if value is None:
             os.environ.pop(key, None)

@@ -23,14 +23,26 @@ before each wake. When a full reload follows (`end_step(reload_follows=True)`: n
 allowed) it sleeps at level 2 and discards the weights instead of copying them to the host and
 back; it then generates nothing before the next `sync_weights` (`needs_sync`). Under a
 multi-GPU launch see `paravt.rollout.vllm_launch`.
+
+One open engine per process. vLLM keeps its parallel state (the world, tensor- and
+pipeline-parallel groups) in module globals shared by every in-process `vllm.LLM`, and an
+engine's shutdown tears them down for all (and destroys torch.distributed's default group, the
+one Lightning's ranks share under the external launcher). Two engines could start side by side,
+but closing or collecting either would leave the other failing deep inside vLLM. So
+`from_model` refuses to start a second engine while one is open, `close()` shuts one down at a
+chosen moment, and `close_engines()` closes them all: a sweep's job ends with it
+(`paravt.parallel.launch.end_job`, after the job's process group is gone), so the next job starts
+its engine on a clean state.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,6 +71,17 @@ CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
 }
+
+_OPEN: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # engines that own a running vllm.LLM
+
+
+def close_engines() -> int:
+    """Close every open in-process engine of this process (see the module docstring); how many
+    were open. Call it once no rank needs the torch.distributed group any more."""
+    engines = list(_OPEN)
+    for engine in engines:
+        engine.close()
+    return len(engines)
 
 
 def _on_gpu() -> bool:
@@ -171,6 +194,20 @@ class _FirstTimeOnly(logging.Filter):
         return True
 
 
+def _refuse_a_second_engine() -> None:
+    """Raise when an in-process engine is still open (the module docstring says why); engines
+    nobody holds any more are collected (and so shut down) first."""
+    if _OPEN:
+        gc.collect()
+    if _OPEN:
+        raise RuntimeError(
+            f"a vLLM engine is already open in this process ({len(_OPEN)} open): vLLM's "
+            "parallel state is process-wide, so closing either engine would break the other. "
+            "Close it first (VLLMEngine.close(), or paravt.rollout.vllm.close_engines()), or "
+            "run the second one as a rollout server (`paravt serve-rollout`, docs/engines.md)"
+        )
+
+
 def _silence_repeats() -> None:
     """Install `_FirstTimeOnly` on the handlers of vLLM's logger and the root (once each)."""
     for handler in [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers]:
@@ -193,6 +230,7 @@ class VLLMEngine:
         self._discarded = False  # slept at level 2: no weights until the next sync_weights
         self.empty_cache = _empty_cuda_cache  # frees the allocator's cached blocks before waking
         self.last_sync_s = 0.0
+        self.closed = False
 
     @classmethod
     def from_model(cls, cfg: EngineConfig, model, processor, model_path: str | None = None):
@@ -209,6 +247,7 @@ class VLLMEngine:
                 "rollout/engine=vllm needs vLLM: on a GPU `pip install -e '.[vllm]'`; on a CPU "
                 "`make venv-vllm` and run with .venv-vllm/bin/python (docs/engines.md)"
             ) from err
+        _refuse_a_second_engine()
         path = model_path
         if path is None:
             from paravt.models.lora import is_lora, merged_state_dict
@@ -222,7 +261,21 @@ class VLLMEngine:
             export_launch_env()  # RANK / LOCAL_RANK, which Lightning's launcher and srun omit
         llm = vllm.LLM(**kwargs)
         _silence_repeats()  # vLLM installs its log handler while the engine starts
-        return cls(llm, processor, cfg)
+        engine = cls(llm, processor, cfg)
+        _OPEN.add(engine)
+        return engine
+
+    def close(self) -> None:
+        """Shut the engine down now: its memory, and vLLM's process-wide parallel state (with
+        torch.distributed's default group under the external launcher, so close after the
+        ranks' last collective). Idempotent; generating afterwards raises."""
+        if self.closed:
+            return
+        self.closed = True
+        _OPEN.discard(self)
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
 
     # ---- RolloutEngine ----------------------------------------------------------------------
     @property
@@ -237,6 +290,7 @@ class VLLMEngine:
     ) -> list[list[GenerationOutput]]:
         """`seed_offsets`: the index each request's seed derives from (default: its position);
         a rollout server passes the positions in the trainer's whole batch."""
+        self._check_open()
         if not requests:
             return []
         if self._discarded:
@@ -257,6 +311,7 @@ class VLLMEngine:
 
     def sync_weights(self, policy, version: int) -> None:
         """Stream `policy`'s weights into vLLM in place; reset every cache that holds old ones."""
+        self._check_open()
         t0 = time.perf_counter()
         self._wake(("weights",))  # weights first; the KV cache only once they are in place
         self.llm.collective_rpc(
@@ -285,6 +340,10 @@ class VLLMEngine:
             self.llm.sleep(level=2 if reload_follows else 1)
             self._asleep = {"weights", "kv_cache"}
             self._discarded = reload_follows
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this vLLM engine was closed (VLLMEngine.close); build a new one")
 
     # ---- requests ---------------------------------------------------------------------------
     def _prompt(self, i: int, req: GenerationRequest) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Fixtures of the vLLM rollout tests: the tool caller's checkpoint and one in-process vLLM
 engine on it, started once per test worker and shared by the modules that need it
 (test_vllm_engine.py, test_vllm_server.py): an engine start costs tens of seconds on 2 cores.
-Each module gets it back on the caller's own weights, at version 0, with fresh caches."""
+Each module gets it back on the caller's own weights, at version 0, with fresh caches. A test
+that needs an engine of its own builds it through `own_engine` (one open engine per process)."""
 
 from __future__ import annotations
 
@@ -24,19 +25,35 @@ def caller_dir(tool_caller, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def _shared_caller_engine(tool_caller, caller_dir):
-    from paravt.rollout import EngineConfig, build_engine
-
-    model, processor = tool_caller
-    cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=16)
-    return build_engine(cfg, model, processor, model_path=str(caller_dir))
+_shared: list = []  # the worker's engine on the caller, once started
 
 
 @pytest.fixture(scope="module")
-def caller_engine(_shared_caller_engine, tool_caller):
+def caller_engine(tool_caller, caller_dir):
     """The worker's vLLM engine on `caller_dir` as a module expects a new one: an earlier module
     may have synced other weights into it, so the caller's are loaded back (version 0; the sync
-    resets the prefix, encoder and multimodal caches and the placeholder expansions)."""
-    _shared_caller_engine.sync_weights(tool_caller[0], version=0)
-    return _shared_caller_engine
+    resets the prefix, encoder and multimodal caches and the placeholder expansions), or closed
+    it to build its own (`own_engine`), so it starts again."""
+    from paravt.rollout import EngineConfig, build_engine
+
+    model, processor = tool_caller
+    if _shared and not _shared[0].closed:
+        _shared[0].sync_weights(model, version=0)
+    else:
+        cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=16)
+        _shared[:] = [build_engine(cfg, model, processor, model_path=str(caller_dir))]
+    return _shared[0]
+
+
+@pytest.fixture
+def own_engine():
+    """`build_engine` for a test's own in-process vLLM engine. vLLM allows one open engine per
+    process (paravt/rollout/vllm.py): the worker's shared engine, if open, is closed first (the
+    next module that needs it starts it again), and the test's is closed at its end, not
+    whenever the garbage collector finds it."""
+    from paravt.rollout import build_engine
+    from paravt.rollout.vllm import close_engines
+
+    close_engines()
+    yield build_engine
+    close_engines()

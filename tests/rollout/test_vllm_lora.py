@@ -12,7 +12,8 @@ from paravt.agent.render import ChatRenderer
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import BaseView
 from paravt.modules.sft import supervised_steps
-from paravt.rollout import EngineConfig, SamplingParams, build_engine
+from paravt.parallel.launch import end_job
+from paravt.rollout import EngineConfig, SamplingParams
 from paravt.video.reader import VideoReader
 from tests.logprob_gaps import logprob_gaps
 
@@ -21,11 +22,13 @@ LORA = {"rank": 4, "alpha": 8.0}
 T = 0.7  # sampling temperature: the trainer scores at the same one
 
 
-def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle_samples):
+def test_vllm_gets_the_merged_lora_policy_after_an_update(
+    tiny_qwen3_dir, needle_samples, own_engine
+):
     policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), lora=LORA))
     cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=8)
     # No model_path: vLLM starts from the policy's own (merged) export.
-    engine = build_engine(cfg, policy, processor)
+    engine = own_engine(cfg, policy, processor)
     agent = AgentConfig(mode="frames", max_rounds=1, max_new_tokens=48)
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
     samples, params = needle_samples[:2], SamplingParams(temperature=T, seed=7)
@@ -45,3 +48,25 @@ def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle
     print(f"vLLM (merged LoRA) vs trainer at T={T}: max |delta logprob| = {max(gaps):.2e}")
     assert max(gaps) <= 1e-4  # the tolerance of tests/rollout/test_vllm_engine.py
     assert max(logprob_gaps(BaseView(policy), processor, after, T)) > 1e-3  # the update mattered
+
+
+def test_one_open_engine_per_process_and_a_job_end_closes_it(
+    tiny_qwen3_dir, needle_samples, own_engine
+):
+    """vLLM's parallel state is process-wide: a second in-process engine is refused while one
+    is open (closing either would break the other, deep inside vLLM); a sweep's job ends by
+    closing its engine (`end_job`), after which the engine refuses work and a new one starts."""
+    policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir)))
+    cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=2)
+    first = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    with pytest.raises(RuntimeError, match="already open in this process"):
+        own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    end_job()  # what train.py runs when a job of a sweep ends
+    assert first.closed
+    with pytest.raises(RuntimeError, match="was closed"):
+        first.sync_weights(policy, version=1)
+    second = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    agent = AgentConfig(max_rounds=1, max_new_tokens=16)
+    loop = AgentLoop(second, ChatRenderer(processor), VideoReader(), agent)
+    trajs = loop.run(needle_samples[:1], [4], 1, SamplingParams(greedy=True))
+    assert trajs[0].num_trained_tokens > 0  # the next engine generates on the clean state
