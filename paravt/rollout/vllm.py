@@ -27,12 +27,14 @@ multi-GPU launch see `paravt.rollout.vllm_launch`.
 One open engine per process. vLLM keeps its parallel state (the world, tensor- and
 pipeline-parallel groups) in module globals shared by every in-process `vllm.LLM`, and an
 engine's shutdown tears them down for all (and destroys torch.distributed's default group, the
-one Lightning's ranks share under the external launcher). Two engines could start side by side,
-but closing or collecting either would leave the other failing deep inside vLLM. So
-`from_model` refuses to start a second engine while one is open, `close()` shuts one down at a
-chosen moment, and `close_engines()` closes them all: a sweep's job ends with it
-(`paravt.parallel.launch.end_job`, after the job's process group is gone), so the next job starts
-its engine on a clean state.
+one Lightning's ranks share under the external launcher). Two engines can run side by side, but
+once either is closed or garbage-collected the other fails deep inside vLLM ("pipeline model
+parallel group is not initialized"). So `from_model` first collects the engines nobody holds
+any more (their teardown happens then, not in the middle of the new engine's life) and warns
+when one is still open; `generate` and `sync_weights` raise an error naming the cause when the
+state is gone; `close()` shuts an engine down at a chosen moment and `close_engines()` closes
+them all: a sweep's job ends with it (`paravt.parallel.launch.end_job`, after the job's process
+group is gone), so the next job starts its engine on a clean state.
 """
 
 from __future__ import annotations
@@ -72,7 +74,15 @@ CPU_ENV = {
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
 }
 
+log = logging.getLogger(__name__)
 _OPEN: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # engines that own a running vllm.LLM
+
+
+def _parallel_state_ready() -> bool:
+    """Whether vLLM's process-wide tensor- and pipeline-parallel groups exist."""
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    return model_parallel_is_initialized()
 
 
 def close_engines() -> int:
@@ -194,17 +204,18 @@ class _FirstTimeOnly(logging.Filter):
         return True
 
 
-def _refuse_a_second_engine() -> None:
-    """Raise when an in-process engine is still open (the module docstring says why); engines
-    nobody holds any more are collected (and so shut down) first."""
+def _collect_closed_engines() -> None:
+    """Shut down the engines nobody holds any more now, and warn when one is still open (the
+    module docstring says why)."""
     if _OPEN:
         gc.collect()
     if _OPEN:
-        raise RuntimeError(
-            f"a vLLM engine is already open in this process ({len(_OPEN)} open): vLLM's "
-            "parallel state is process-wide, so closing either engine would break the other. "
-            "Close it first (VLLMEngine.close(), or paravt.rollout.vllm.close_engines()), or "
-            "run the second one as a rollout server (`paravt serve-rollout`, docs/engines.md)"
+        log.warning(
+            "another vLLM engine is open in this process (%d): vLLM's parallel state is "
+            "process-wide, so once either engine is closed the other fails. Close the old one "
+            "first (VLLMEngine.close(), paravt.rollout.vllm.close_engines()), or run the second "
+            "model as a rollout server (`paravt serve-rollout`, docs/engines.md)",
+            len(_OPEN),
         )
 
 
@@ -247,7 +258,7 @@ class VLLMEngine:
                 "rollout/engine=vllm needs vLLM: on a GPU `pip install -e '.[vllm]'`; on a CPU "
                 "`make venv-vllm` and run with .venv-vllm/bin/python (docs/engines.md)"
             ) from err
-        _refuse_a_second_engine()
+        _collect_closed_engines()
         path = model_path
         if path is None:
             from paravt.models.lora import is_lora, merged_state_dict
@@ -344,6 +355,13 @@ class VLLMEngine:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this vLLM engine was closed (VLLMEngine.close); build a new one")
+        if self in _OPEN and not _parallel_state_ready():
+            raise RuntimeError(
+                "vLLM's process-wide parallel state was torn down under this engine: another "
+                "in-process vLLM engine of this process was closed or garbage-collected, or "
+                "torch.distributed's group was destroyed. One open engine per process: close "
+                "the old one before building the next (docs/engines.md)"
+            )
 
     # ---- requests ---------------------------------------------------------------------------
     def _prompt(self, i: int, req: GenerationRequest) -> dict[str, Any]:

