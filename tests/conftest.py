@@ -159,7 +159,7 @@ def _tiny(tmp_path_factory, name: str, cfg: TinyModelConfig) -> Path:
 @pytest.fixture
 def own_vllm_engines():
     """For a test that starts in-process vLLM engines of its own, directly or through a run:
-    vLLM allows one open engine per process (paravt/rollout/vllm.py), so the worker's shared
+    vLLM's parallel state is process-wide (paravt/rollout/vllm.py), so the worker's shared
     engine (tests/rollout/conftest.py), if open, is closed first (the next module that needs it
     starts it again), and the test's are closed at its end, not whenever the garbage collector
     finds them, in the middle of another module's engine's life."""

@@ -72,10 +72,10 @@ def child_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
 
 
 def end_job(ok: bool = True) -> None:
-    """Tear the job's process group down, close its in-process vLLM engine and restore the
+    """Tear the job's process group down, close its in-process vLLM engines and restore the
     launch variables Lightning set, so the next job of a sweep starts its own ranks, a fresh
-    group and a fresh engine. `ok`: the job finished;
-    the ranks then leave together (`leave_group`), a failed job's rank leaves at once."""
+    group and a fresh engine. `ok`: the job finished; the ranks then leave together
+    (`leave_group`), a failed job's rank leaves at once."""
     from paravt.parallel.collectives import leave_group
 
     leave_group(wait_for_peers=ok)

@@ -204,7 +204,7 @@ class _FirstTimeOnly(logging.Filter):
         return True
 
 
-def _collect_closed_engines() -> None:
+def _collect_unheld_engines() -> None:
     """Shut down the engines nobody holds any more now, and warn when one is still open (the
     module docstring says why)."""
     if _OPEN:
@@ -258,7 +258,7 @@ class VLLMEngine:
                 "rollout/engine=vllm needs vLLM: on a GPU `pip install -e '.[vllm]'`; on a CPU "
                 "`make venv-vllm` and run with .venv-vllm/bin/python (docs/engines.md)"
             ) from err
-        _collect_closed_engines()
+        _collect_unheld_engines()
         path = model_path
         if path is None:
             from paravt.models.lora import is_lora, merged_state_dict

@@ -2,7 +2,7 @@
 engine on it, started once per test worker and shared by the modules that need it
 (test_vllm_engine.py, test_vllm_server.py): an engine start costs tens of seconds on 2 cores.
 Each module gets it back on the caller's own weights, at version 0, with fresh caches. A test
-that needs an engine of its own builds it through `own_engine` (one open engine per process)."""
+that needs an engine of its own builds it through `own_engine` (vLLM's state is process-wide)."""
 
 from __future__ import annotations
 
