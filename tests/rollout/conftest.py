@@ -2,7 +2,8 @@
 engine on it, started once per test worker and shared by the modules that need it
 (test_vllm_engine.py, test_vllm_server.py): an engine start costs tens of seconds on 2 cores.
 Each module gets it back on the caller's own weights, at version 0, with fresh caches. A test
-that needs an engine of its own builds it through `own_engine` (vLLM's state is process-wide)."""
+that starts an engine of its own uses `own_vllm_engines` (tests/conftest.py): vLLM's state is
+process-wide."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def caller_engine(tool_caller, caller_dir):
     """The worker's vLLM engine on `caller_dir` as a module expects a new one: an earlier module
     may have synced other weights into it, so the caller's are loaded back (version 0; the sync
     resets the prefix, encoder and multimodal caches and the placeholder expansions), or closed
-    it to build its own (`own_engine`), so it starts again."""
+    it to start its own (`own_vllm_engines`), so it starts again."""
     from paravt.rollout import EngineConfig, build_engine
 
     model, processor = tool_caller
@@ -43,12 +44,3 @@ def caller_engine(tool_caller, caller_dir):
         cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=16)
         _shared[:] = [build_engine(cfg, model, processor, model_path=str(caller_dir))]
     return _shared[0]
-
-
-@pytest.fixture
-def own_engine(own_vllm_engines):
-    """`build_engine` for a test's own in-process vLLM engine (tests/conftest.py's
-    `own_vllm_engines`: the shared one is closed first, the test's at its end)."""
-    from paravt.rollout import build_engine
-
-    return build_engine

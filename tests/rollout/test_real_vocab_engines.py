@@ -51,10 +51,11 @@ def test_hf_engine_logprobs_match_the_trainer_at_vocab_151936(real_vocab, needle
 
 
 @pytest.mark.vllm
-def test_vllm_engine_on_the_real_vocabulary(real_vocab, needle_samples, own_engine):
+@pytest.mark.usefixtures("own_vllm_engines")
+def test_vllm_engine_on_the_real_vocabulary(real_vocab, needle_samples):
     model, processor, path = real_vocab
     cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=8)
-    engine = own_engine(cfg, model, processor, model_path=str(path))
+    engine = build_engine(cfg, model, processor, model_path=str(path))
     greedy = SamplingParams(greedy=True)
     hf = build_engine("hf", model, processor)
     ref = _loop(hf, processor).run(needle_samples[:1], [4], 1, greedy)

@@ -16,22 +16,20 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import BaseView
 from paravt.modules.sft import supervised_steps
 from paravt.parallel.launch import end_job
-from paravt.rollout import EngineConfig, SamplingParams
+from paravt.rollout import EngineConfig, SamplingParams, build_engine
 from paravt.video.reader import VideoReader
 from tests.logprob_gaps import logprob_gaps
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("own_vllm_engines")]
 LORA = {"rank": 4, "alpha": 8.0}
 T = 0.7  # sampling temperature: the trainer scores at the same one
 
 
-def test_vllm_gets_the_merged_lora_policy_after_an_update(
-    tiny_qwen3_dir, needle_samples, own_engine
-):
+def test_vllm_gets_the_merged_lora_policy_after_an_update(tiny_qwen3_dir, needle_samples):
     policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), lora=LORA))
     cfg = EngineConfig(name="vllm", max_model_len=4096, max_num_seqs=8)
     # No model_path: vLLM starts from the policy's own (merged) export.
-    engine = own_engine(cfg, policy, processor)
+    engine = build_engine(cfg, policy, processor)
     agent = AgentConfig(mode="frames", max_rounds=1, max_new_tokens=48)
     loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
     samples, params = needle_samples[:2], SamplingParams(temperature=T, seed=7)
@@ -54,7 +52,7 @@ def test_vllm_gets_the_merged_lora_policy_after_an_update(
 
 
 def test_a_closed_engine_breaks_another_by_name_and_a_job_end_closes_them(
-    tiny_qwen3_dir, needle_samples, own_engine, caplog
+    tiny_qwen3_dir, needle_samples, caplog
 ):
     """vLLM's parallel state is process-wide: two in-process engines can start side by side
     (with a warning), but once one is closed the other must fail naming the cause, not with
@@ -69,9 +67,9 @@ def test_a_closed_engine_breaks_another_by_name_and_a_job_end_closes_them(
         loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), agent)
         return loop.run(needle_samples[:1], [4], 1, greedy)[0]
 
-    first = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    first = build_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
     with caplog.at_level(logging.WARNING, logger="paravt.rollout.vllm"):
-        second = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+        second = build_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
     assert "another vLLM engine is open in this process" in caplog.text
     reference = rollout(second).token_ids  # side by side, both work
     assert rollout(first).token_ids == reference
@@ -82,5 +80,5 @@ def test_a_closed_engine_breaks_another_by_name_and_a_job_end_closes_them(
     assert first.closed and second.closed
     with pytest.raises(RuntimeError, match="was closed"):
         second.sync_weights(policy, version=1)
-    third = own_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
+    third = build_engine(cfg, policy, processor, model_path=str(tiny_qwen3_dir))
     assert rollout(third).token_ids == reference  # the next job's engine, on a clean state
