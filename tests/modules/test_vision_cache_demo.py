@@ -1,9 +1,9 @@
 """The demo learns the same with the vision cache on (`rollout.vision_cache`, the default) as off.
 
-Two RL steps of experiment=demo (scaled to the session's tiny model, G=2) from the same seed,
-cache off and on: the same rollouts (tokens and behaviour log-probs), rewards, losses, gradient
-norms and final weights, while the cache served most clips (the G siblings share the overview,
-and the update reuses the rollout's features).
+Two RL steps of experiment=demo (scaled to the session's tiny model, G=2, in float64) from the
+same seed, cache off and on: the same rollouts (tokens and behaviour log-probs), rewards,
+losses, gradient norms and final weights, while the cache served most clips (the G siblings
+share the overview, and the update reuses the rollout's features).
 """
 
 from __future__ import annotations
@@ -13,6 +13,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.modules.test_grpo_training import CPU_SCALE, compose_cfg, local_paths
 
+# Float64, so that "the same" holds on any CPU: the cache batches clips differently, so sums
+# reassociate, by ~1e-6 in float32 on some CPU models (AVX-512/AMX kernels); Adam then turns a
+# rounding-sized difference in a gradient near zero into an lr-sized step (3e-4 seen in float32).
+# In float64 a reassociated sum moves by ~1e-16 of its terms, and Adam's step on such noise
+# is about lr * 1e-16 / eps = 1e-12 (eps 1e-8): 1e-9 leaves a thousandfold margin and still
+# catches any real difference (a changed token or feature moves log-probs by > 1e-4).
+ATOL = 1e-9
 LEARNING = ("reward/mean", "loss/loss", "loss/entropy", "loss/approx_kl", "grad_norm")
 
 
@@ -22,9 +29,8 @@ def two_steps(tmp_path, tiny_dir, needle_dir, enabled: bool):
     scale = [o for o in CPU_SCALE if not o.startswith("callbacks.")]
     off = ["callbacks.benchmark_validation=null", "callbacks.rollout_logger=null"]
     flag = f"rollout.vision_cache.enabled={str(enabled).lower()}"
-    cfg = compose_cfg(
-        ["experiment=demo", *scale, *off, flag, *local_paths(tmp_path, tiny_dir, needle_dir)]
-    )
+    paths = local_paths(tmp_path, tiny_dir, needle_dir)
+    cfg = compose_cfg(["experiment=demo", *scale, *off, flag, "model.dtype=float64", *paths])
     run = build_run(cfg)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     acc = EventAccumulator(str(tmp_path / "tb"))
@@ -42,13 +48,16 @@ def test_demo_learning_figures_are_unchanged_with_the_cache(tmp_path, tiny_qwen3
         strict=True,
     ):
         assert a.token_ids == b.token_ids
-        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=ATOL)
     for tag in LEARNING:
         assert len(off[tag]) == 2
-        assert torch.allclose(torch.tensor(off[tag]), torch.tensor(on[tag]), atol=1e-6), tag
+        # Logged as float32: the same float64 value rounds to the same float32, give or take one
+        # spacing (6e-8 relative).
+        assert torch.allclose(torch.tensor(off[tag]), torch.tensor(on[tag]), rtol=1e-6), tag
     weights_off = run_off.module.policy.state_dict()
     for name, value in run_on.module.policy.state_dict().items():
-        assert torch.allclose(value, weights_off[name], atol=1e-6), name
+        assert value.dtype == torch.float64, name
+        assert torch.allclose(value, weights_off[name], rtol=0.0, atol=ATOL), name
     # Off: every clip through the tower; on: the G=2 siblings and the update shared them.
     assert off["vision_cache/feature_hit_rate"] == [0.0, 0.0]
     assert min(on["vision_cache/feature_hit_rate"]) >= 0.5
