@@ -9,7 +9,8 @@ constants, an illustration) and is exempt, the marker naming which.
 A *figure* of a Markdown text is a number written with a decimal point or a percent sign
 (`0.781`, `21.9`, `1.47x`'s `1.47`, `24%`, `2,286.5`), read from the prose and from the fenced
 blocks that show output. Not figures: the contents of inline code spans (commands, config keys,
-paths: `optimizer.lr=1e-3`), fenced `bash` / `sh` blocks (commands), and version numbers (a
+paths: `optimizer.lr=1e-3`), fenced blocks that name a language (`bash` commands, `python` or
+`yaml` code: only a bare or `text` fence shows output), and version numbers (a
 number with two or more decimal points, `2.14.1`, or one right after "Python", `Python 3.10`).
 A sign or a trailing unit is not part of a figure: `+21.9 points` states `21.9`.
 """
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MAX_PAGES = 10
 FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
-COMMAND_BLOCKS = {"bash", "sh", "shell", "console"}
+OUTPUT_BLOCKS = {"", "text"}
 NUMBER = re.compile(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)*)(%?)")
 SOFTWARE_VERSION = re.compile(r"Python\s+$")
 QUOTING_PAGES = [
@@ -48,7 +49,7 @@ def _prose(text: str) -> str:
 
 
 def _output_blocks(text: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(text) if lang not in COMMAND_BLOCKS]
+    return [body for lang, body in FENCE.findall(text) if lang in OUTPUT_BLOCKS]
 
 
 def figures(text: str) -> set[str]:
