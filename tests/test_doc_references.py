@@ -1,4 +1,5 @@
-"""Every document a file cites is in the repository: a user who clones it can follow each one."""
+"""Every document a file cites is in the repository: a user who clones it can follow each one;
+and docs/architecture.md's layout names exactly the experiments and ablations conf/ holds."""
 
 from __future__ import annotations
 
@@ -49,3 +50,21 @@ def test_run_time_markdown_names_are_really_written_by_the_code():
     code = "\n".join(p.read_text() for p in (ROOT / "paravt").rglob("*.py"))
     for name in WRITTEN:
         assert f'"{name}"' in code, f"{name} is allowed as a run-time output but nothing writes it"
+
+
+def _layout_names(group: str) -> set[str]:
+    """The names docs/architecture.md's layout lists in parentheses after `group/`."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = re.search(rf"{group}/ \(([^)]*)\)", text, re.S).group(1)
+    return {name.strip() for name in listed.replace("\n", " ").split(",")}
+
+
+def test_the_architecture_layout_lists_the_experiments_and_ablations_conf_holds():
+    for group in ("experiment", "ablation"):
+        files = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        listed = _layout_names(group)
+        patterns = {n for n in listed if n.endswith("*")}
+        covered = {f for f in files if any(f.startswith(n[:-1]) for n in patterns)}
+        unknown, unlisted = listed - patterns - files, files - covered - listed
+        assert not unknown, f"{group}: listed without a file: {unknown}"
+        assert not unlisted, f"{group}: files not listed: {unlisted}"

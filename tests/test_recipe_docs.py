@@ -1,5 +1,5 @@
 """The paper recipe's settings table in docs/method.md against `experiment=paragrpo` composed,
-and docs/training.md's table of the reference's 1 + 7 topology against `experiment=paragrpo_1p7`.
+and docs/engines.md's table of the reference's 1 + 7 topology against `experiment=paragrpo_1p7`.
 
 Each table is the one statement of its recipe's settings in the docs; these tests compose the
 recipe through Hydra and compare every row, so the docs and the config cannot drift apart.
@@ -29,7 +29,7 @@ REQUIRED = {
 }
 
 
-# | reference setting | paravt | `config key` | value | (docs/training.md's topology table)
+# | reference setting | paravt | `config key` | value | (docs/engines.md's topology table)
 TOPOLOGY_ROW = re.compile(r"^\| ([^|]+) \| ([^|]+) \| `([\w./]+)` \| ([^|]+) \|$")
 TOPOLOGY_REQUIRED = {
     "trainer.devices",
@@ -78,8 +78,8 @@ def _composed(experiment: str):
         return compose("train", overrides=[f"experiment={experiment}"])
 
 
-def test_training_md_states_the_1p7_topology_the_config_composes():
-    text = (ROOT / "docs" / "training.md").read_text()
+def test_engines_md_states_the_1p7_topology_the_config_composes():
+    text = (ROOT / "docs" / "engines.md").read_text()
     rows = (TOPOLOGY_ROW.match(line.strip()) for line in text.splitlines())
     documented = {m.group(3): m.group(4).strip() for m in rows if m}
     assert documented.keys() >= TOPOLOGY_REQUIRED, sorted(TOPOLOGY_REQUIRED - documented.keys())
@@ -89,6 +89,6 @@ def test_training_md_states_the_1p7_topology_the_config_composes():
         for key, cell in documented.items()
         if not same(cell, OmegaConf.select(cfg, key, default="<absent>"))
     }
-    assert not wrong, f"docs/training.md (documented, composed): {wrong}"
+    assert not wrong, f"docs/engines.md (documented, composed): {wrong}"
     # the two roles fill one 8-GPU node, as the reference's d1 + d7
     assert cfg.trainer.devices + len(cfg.rollout.engine.devices) == 8

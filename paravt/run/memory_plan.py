@@ -184,7 +184,7 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
     engine, kv_phase, kv_need = _engine_items(size, x)
     out |= engine
     # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
-    # set is about three [chunk, V] fp32 buffers (docs/performance.md, measured on CPU).
+    # set is about three [chunk, V] fp32 buffers (docs/results.md, measured on CPU).
     logits = 3 * min(t, HEAD_CHUNK) * size.vocab * 4
     act_ckpt = size.layers * t * size.hidden * 2 + layer_acts + logits
     act_full = size.layers * layer_acts + logits

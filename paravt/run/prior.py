@@ -6,11 +6,11 @@ tool-using text in a competing dialect (its own tag `<tool_code>`, one Python-st
 `crop_video(start_time=..., end_time=...)`), `tool_share` of the corpus, the rest direct answers.
 The corpus is traced with the "lines" tool dialect, so its calls run and their crops come back
 before the answer: the prior learns to read crops, not to answer after an error. Reading needs
-two things the text alone does not give a random tiny model (measured in docs/paradox.md): the
-answer tokens weighted apart (`answer_weight`: the answer is one of ~100 trained tokens), and a
-reading curriculum (`oracle_steps`: crops around the true needle first, as the demo's cold start
-has); without them the prior learns the format and answers at chance. The short
-cold start on the project's `<tool_call>` format then runs on top of it
+two things the text alone does not give a random tiny model (measured: docs/results.md, "Tool
+Prior Paradox"): the answer tokens weighted apart (`answer_weight`: the answer is one of ~100
+trained tokens), and a reading curriculum (`oracle_steps`: crops around the true needle first,
+as the demo's cold start has); without them the prior learns the format and answers at chance.
+The short cold start on the project's `<tool_call>` format then runs on top of it
 (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
 experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
 

@@ -64,6 +64,7 @@ def test_sft_coldstart_composes_with_the_paper_settings(tmp_path):
     assert cfg.stage == "sft" and cfg.trainer.devices == 8 and cfg.trainer.max_steps == 500
     assert cfg.optimizer.lr == 2.0e-5 and cfg.scheduler.total_steps == 1500
     assert cfg.scheduler.warmup_ratio == 0.05 and cfg.sft.pack_tokens == 8192
+    assert cfg.data.batch_size == 4  # the paper's per-device batch (data/sft.yaml's is 8)
     data = instantiate(cfg.data)
     assert (data.video.fps, data.video.max_frames, data.video.max_pixels) == (1.0, 64, 50176)
     assert type(instantiate(cfg.trainer.strategy)).__name__ == "ModelParallelStrategy"
