@@ -78,6 +78,11 @@ class PARAGRPOLoss(torch.nn.Module):
 
     def __init__(self, config: AlgorithmConfig | None = None, **knobs):
         super().__init__()
+        if config is not None and not isinstance(config, AlgorithmConfig):
+            raise TypeError(
+                f"PARAGRPOLoss's first argument is an AlgorithmConfig, got {config!r}; name the "
+                "policy loss by keyword: PARAGRPOLoss(loss='ppo')"
+            )
         unknown = sorted(set(knobs) - set(LOSS_KNOBS))
         if unknown:
             raise TypeError(

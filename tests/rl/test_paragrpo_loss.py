@@ -106,6 +106,8 @@ def test_refusals_name_the_fix():
         PARAGRPOLoss(aggregation="mean")
     with pytest.raises(TypeError, match=r"unknown knob\(s\) \['ppo_epochs'\]"):
         PARAGRPOLoss(ppo_epochs=2)  # the trainer's schedule, not the loss's
+    with pytest.raises(TypeError, match=r"by keyword: PARAGRPOLoss\(loss='ppo'\)"):
+        PARAGRPOLoss("decoupled_ppo")
     with pytest.raises(ValueError, match=r"loss=tis is its own correction"):
         PARAGRPOLoss(loss="tis", engine_is_correction="mis")
 
