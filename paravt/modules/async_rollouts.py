@@ -55,9 +55,8 @@ def split_cores(cores: list[int], generator_cores: int | None) -> tuple[list[int
 def check_partial(algo) -> None:
     """Partial rollouts mix behaviour policies inside a trajectory: a correction that averages
     a whole trajectory's log-ratio would mix them too, so it is refused."""
-    if getattr(algo, "engine_is_correction", None) in ("tis", "mis") and (
-        algo.engine_is_level == "sequence"
-    ):
+    named = {getattr(algo, "loss", None), getattr(algo, "engine_is_correction", None)}
+    if named & {"tis", "mis"} and algo.engine_is_level == "sequence":
         raise ValueError(
             "rollout.partial=true samples one trajectory with several policy versions, but "
             "algorithm.engine_is_level=sequence averages the importance ratio over the whole "

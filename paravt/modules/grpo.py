@@ -57,14 +57,8 @@ from paravt.rl.microbatch import (
     token_budget_chunks,
 )
 from paravt.rl.mismatch import mismatch_metrics, needs_trainer_logprobs
-from paravt.rl.objective import (
-    LossSettings,
-    MicroBatchTerms,
-    advantage_metrics,
-    compute_advantages,
-    micro_objective,
-    rollout_metrics,
-)
+from paravt.rl.objective import advantage_metrics, compute_advantages, rollout_metrics
+from paravt.rl.paragrpo_loss import PARAGRPOLoss
 from paravt.rl.truncation import keep_uncut
 from paravt.rollout.records import RolloutBatch, RolloutRecord
 from paravt.types import RewardBreakdown, Sample, Trajectory
@@ -130,8 +124,8 @@ class GRPOModule(pl.LightningModule):
         self.model_path: str | None = model.path
         self.reward_weights = reward
         self.anchor_coef = algorithm.anchor_coef
-        # Dr.GRPO's constant divisor; unset, `setup` takes it from the DataModule's agent.
-        self.norm_length = algorithm.norm_length
+        # The loss of each micro-batch; `setup` gives it Dr.GRPO's divisor when that is unset.
+        self.loss_fn = PARAGRPOLoss(algorithm)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.judge, self.judge_guard = judge, judge_guard or JudgeGuard()
@@ -182,7 +176,8 @@ class GRPOModule(pl.LightningModule):
         DataModule's agent lets the policy write (`max_response_tokens`), so a module built in
         Python divides as one built by train.py does."""
         if self.algo.norm_length is None:
-            self.norm_length = response_cap(getattr(self.trainer, "datamodule", None))
+            cap = response_cap(getattr(self.trainer, "datamodule", None))
+            self.loss_fn = PARAGRPOLoss(replace(self.algo, norm_length=cap))
 
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ModelParallelStrategy: shard (and, from a meta skeleton,
@@ -427,14 +422,13 @@ class GRPOModule(pl.LightningModule):
                 sums[k] = sums.get(k, 0.0) + v * weight / updates
 
     def _micro_step(self, mb, prox, weights: MicroWeights, temperature: float) -> dict[str, float]:
-        """Forward passes for one micro-batch, `micro_objective` (paravt.rl.objective), backward."""
+        """Forward passes for one micro-batch, the loss (`self.loss_fn`) at `weights`, backward."""
         trajs, adv = [t for t, _, _ in mb], [a for _, a, _ in mb]
         formed = torch.tensor([f for _, _, f in mb], dtype=torch.bool)
         logp, batch, entropy = self._logp(self.policy, trajs, temperature, entropy=True)
         mask = batch.loss_mask.to(logp.device)
         behaviour = batch.old_logp.to(logp.device)
         proximal = behaviour if prox[0] is None else pad_rows(prox, logp.shape, logp.device)
-        entropy = entropy.detach()  # of the sampling distribution, same pass as logp
         structural = reference = None
         if self.anchor_coef:
             ids = batch.input_ids.to(logp.device)
@@ -442,17 +436,19 @@ class GRPOModule(pl.LightningModule):
         if self.reference is not None and not self.algo.kl_in_reward:
             with torch.no_grad():
                 reference = self._logp(self.reference, trajs, temperature)[0].to(logp.device)
-        terms = MicroBatchTerms(
-            logp=logp,
-            proximal=proximal,
-            behaviour=behaviour,
-            advantages=torch.tensor(adv, dtype=torch.float32, device=logp.device),
-            mask=mask,
-            entropy=entropy,
-            structural=structural,
-            reference=reference,
+        objective = self.loss_fn(
+            logp,
+            proximal,  # plain ppo: the engine's, its ratio's anchor
+            torch.tensor(adv, dtype=torch.float32, device=logp.device),
+            mask,
+            behaviour_logprobs=behaviour if needs_trainer_logprobs(self.algo.loss) else None,
+            structural_mask=structural,
+            anchor_coef=self.anchor_coef,
+            ref_logprobs=reference,
+            entropy=entropy.detach(),  # of the sampling distribution, same pass as logp
+            weights=weights,
         )
-        objective, metrics = micro_objective(terms, self._loss_settings(), weights)
+        metrics = dict(self.loss_fn.metrics)
         if prox[0] is not None:  # the trainer's pre-update log-probs vs the engine's
             metrics |= mismatch_metrics(proximal, behaviour, mask, self.algo.engine_is_cap)
         if self.policy_version == self._fresh_version:
@@ -460,9 +456,6 @@ class GRPOModule(pl.LightningModule):
             self._gaps.append(gap_sums(trainer, behaviour, mask))
         self.manual_backward(objective)
         return metrics
-
-    def _loss_settings(self) -> LossSettings:
-        return self.algo.loss_settings(self.norm_length, self.anchor_coef)
 
     def _record(self, batch: RolloutBatch, rewards) -> RolloutRecord:
         return RolloutRecord(

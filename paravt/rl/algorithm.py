@@ -1,10 +1,11 @@
 """`AlgorithmConfig`: every knob of the PARA-GRPO objective and its update schedule, in one
 frozen dataclass whose defaults are the reference recipe (conf/algorithm/paragrpo.yaml; a test
-keeps the two equal).
+keeps the two equal). The one knob list: the loss (`paravt.rl.paragrpo_loss.PARAGRPOLoss`) is
+built from it, in the trainer and for a user alike.
 
 Checked on construction, so a config that cannot run fails before a model is loaded: the loss,
-aggregation and engine correction are known names (`LossSettings`), and the KL estimator fits
-the side it is on (k1 belongs in the reward; as a loss term it is refused). Pure: no framework.
+aggregation and engine correction are known names, and the KL estimator fits the side it is on
+(k1 belongs in the reward; as a loss term it is refused). Pure: no framework.
 """
 
 from __future__ import annotations
@@ -12,20 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paravt.rewards.structural import STRUCTURAL_TAGS
+from paravt.rl import importance
 from paravt.rl.kl import get_kl_estimator
-from paravt.rl.objective import AdvantageConfig, LossSettings
-
-
-def _reference_advantage() -> AdvantageConfig:
-    return AdvantageConfig(shaping=True, batch_norm=True)  # docs/method.md sections 4 and 5
+from paravt.rl.losses import get_aggregation, get_policy_loss
+from paravt.rl.mismatch import check_mode
+from paravt.rl.objective import AdvantageConfig
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """The policy objective: loss variant, clipping, KL, structural anchor, PPO schedule."""
 
-    advantage: AdvantageConfig = field(default_factory=_reference_advantage)
-    # paravt.rl.losses.POLICY_LOSSES: ppo, decoupled_ppo, ppo_engine_is (engine correction).
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    # paravt.rl.losses.POLICY_LOSSES: ppo, decoupled_ppo, ppo_engine_is (engine correction),
+    # tis / mis (verl's rollout correction, as engine_is_correction=tis / mis beside them).
     loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -64,21 +65,28 @@ class AlgorithmConfig:
                 "noise (its expected gradient is zero); fix: algorithm.kl_estimator=k3 (or k2), "
                 "or algorithm.kl_in_reward=true"
             )
-        self.loss_settings(self.norm_length, self.anchor_coef)  # checks the loss's names
+        get_policy_loss(self.loss)
+        get_aggregation(self.aggregation)
+        check_mode(self.engine_is_correction)
+        if self.engine_is_cap < 1.0:
+            raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {self.engine_is_cap}")
+        self._check_correction()
 
-    def loss_settings(self, norm_length: int | None, anchor_coef: float) -> LossSettings:
-        """The objective's knobs, with the divisor and anchor coefficient in force now."""
-        return LossSettings(
-            loss=self.loss,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            iw_cap=self.iw_cap,
-            aggregation=self.aggregation,
-            norm_length=norm_length,
-            kl_estimator=self.kl_estimator,
-            kl_coef=self.kl_coef,
-            anchor_coef=anchor_coef,
-            engine_is_correction=self.engine_is_correction,
-            engine_is_cap=self.engine_is_cap,
-            engine_is_level=self.engine_is_level,
-        )
+    def _check_correction(self) -> None:
+        """The behaviour-weight rule must change the loss it is set beside: plain ppo applies no
+        weight, and tis / mis named as the loss have their own."""
+        correction = self.engine_is_correction
+        if self.loss == "ppo" and correction is not None:
+            raise ValueError(
+                f"algorithm.engine_is_correction={correction} does nothing with "
+                "loss=ppo: the engine-mismatch correction is its own loss; fix: "
+                "algorithm.loss=ppo_engine_is (or engine_is_correction=null)"
+            )
+        if self.loss in importance.MODES and correction not in (None, self.loss):
+            raise ValueError(
+                f"algorithm.loss={self.loss} is its own correction, engine_is_correction="
+                f"{correction} would contradict it; fix: engine_is_correction=null"
+            )
+        mode = self.loss if self.loss in importance.MODES else correction
+        if mode in importance.MODES:
+            importance.check(mode, self.engine_is_level, self.engine_is_cap)

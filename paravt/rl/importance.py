@@ -7,21 +7,21 @@ mean over its trained tokens (exp of the mean log-ratio, so long trajectories ar
 - `tis` (truncated): w = min(rho, c); no token leaves the loss;
 - `mis` (masked): w = rho where 1/c <= rho <= c; tokens (level=token) or whole trajectories
   (level=sequence) outside the band leave the loss mask, and with it the loss's denominator.
-`corrected_loss` applies w to decoupled PPO (pi_prox = pi_old, pi_behav = pi_engine). Also the
-step's mismatch figures (`gap_sums` / `gap_metrics`). Pure tensors; no model runs here.
+The loss registry's `tis` and `mis` entries (`paravt.rl.losses`) apply w to decoupled PPO
+(pi_prox = pi_old, pi_behav = pi_engine). Also the step's mismatch figures (`gap_sums` /
+`gap_metrics`). Pure tensors; no model runs and no loss is computed here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from paravt.rl.kl import LOG_RATIO_CLAMP
-from paravt.rl.losses import LossMetrics, decoupled_ppo_loss, masked_mean
 
 MODES = ("tis", "mis")
 LEVELS = ("token", "sequence")
@@ -73,45 +73,6 @@ def engine_weights(
     corrected = keep & (log_rho.abs() > bound)
     kept = keep & ~corrected
     return EngineWeights(torch.where(kept, rho, 0.0), kept, corrected)
-
-
-def corrected_loss(
-    logp: Tensor,  # [N, T] current policy
-    proximal_logp: Tensor,  # [N, T] the trainer's pre-update log-probs (pi_old)
-    behaviour_logp: Tensor,  # [N, T] the engine's
-    adv: Tensor,  # [N] or [N, T]
-    mask: Tensor,  # [N, T]
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    iw_cap: float | None = None,  # unused: `cap` is the correction's threshold
-    agg: str = "token_mean",
-    norm_length: int | None = None,
-    entropy: Tensor | None = None,
-    *,
-    mode: str,
-    level: str,
-    cap: float,
-) -> tuple[Tensor, LossMetrics]:
-    """Decoupled PPO weighted by `engine_weights` (TIS or MIS, token or sequence level);
-    `iw_capped_frac` reports the share of trained tokens the correction clipped or masked."""
-    w = engine_weights(proximal_logp, behaviour_logp, mask.bool(), mode, level, cap)
-    # exp(prox - behav') == w exactly, so decoupled PPO's uncapped weight is w.
-    behaviour = proximal_logp.detach() - torch.log(w.weights.clamp(min=1e-30))
-    loss, metrics = decoupled_ppo_loss(
-        logp,
-        proximal_logp,
-        behaviour,
-        adv,
-        w.mask,
-        clip_low,
-        clip_high,
-        None,
-        agg,
-        norm_length,
-        entropy,
-    )
-    frac = float(masked_mean(w.corrected.float(), mask.bool()))
-    return loss, replace(metrics, iw_capped_frac=frac)
 
 
 def gap_sums(trainer_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> tuple[float, float, int]:

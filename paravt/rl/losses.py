@@ -1,6 +1,7 @@
 """Policy-gradient losses of PARA-GRPO: the PPO clipped surrogate, its decoupled off-policy form,
-PPO corrected for the engine / trainer mismatch (a registry, `POLICY_LOSSES`), the KL loss term,
-token aggregation and entropy. `paravt.rl.paragrpo_loss.PARAGRPOLoss` puts them in one object.
+PPO corrected for the engine / trainer mismatch (capped weights, or verl's truncated / masked
+importance sampling), all in one registry, `POLICY_LOSSES`; the KL loss term, token aggregation
+and entropy. `paravt.rl.paragrpo_loss.PARAGRPOLoss` puts them in one object.
 
 Conventions shared by every function here:
 - `mask` is the loss mask [N, T] (1 = a token the policy wrote and is trained on). Inputs are
@@ -18,11 +19,12 @@ the structural-token anchoring term (rewards/structural.py), and never calls bac
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
 
+from paravt.rl import importance
 from paravt.rl.kl import LOG_RATIO_CLAMP, kl_penalty
 
 Aggregation = Callable[[Tensor, Tensor, int | None], Tensor]
@@ -333,15 +335,63 @@ def engine_is_ppo_loss(
     )
 
 
+def rollout_corrected_loss(
+    logp: Tensor,  # [N, T] current policy
+    proximal_logp: Tensor,  # [N, T] the trainer's pre-update log-probs (pi_old)
+    behaviour_logp: Tensor,  # [N, T] the engine's
+    adv: Tensor,  # [N] or [N, T]
+    mask: Tensor,  # [N, T]
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    iw_cap: float | None = 2.0,
+    agg: str = "token_mean",
+    norm_length: int | None = None,
+    entropy: Tensor | None = None,
+    level: str = "token",
+    *,
+    mode: str,
+) -> tuple[Tensor, LossMetrics]:
+    """Decoupled PPO weighted by verl's rollout correction `mode` (`importance.engine_weights`:
+    tis or mis, ratios per token or per trajectory at `level`, threshold `iw_cap`);
+    `iw_capped_frac` is the share of trained tokens the correction clipped or masked."""
+    if iw_cap is None:
+        raise ValueError(f"the {mode} correction needs a threshold: iw_cap >= 1 (e.g. 2.0)")
+    w = importance.engine_weights(proximal_logp, behaviour_logp, mask.bool(), mode, level, iw_cap)
+    # exp(prox - behav') == w exactly, so decoupled PPO's uncapped weight is w.
+    behaviour = proximal_logp.detach() - torch.log(w.weights.clamp(min=1e-30))
+    loss, metrics = decoupled_ppo_loss(
+        logp, proximal_logp, behaviour, adv, w.mask, clip_low, clip_high, None, agg,
+        norm_length, entropy,
+    )  # fmt: skip
+    return loss, replace(metrics, iw_capped_frac=float(masked_mean(w.corrected.float(), mask)))
+
+
+def tis_loss(*args, **kwargs) -> tuple[Tensor, LossMetrics]:
+    """Truncated importance sampling (verl's rollout correction): `rollout_corrected_loss` with
+    w = min(pi_old / pi_engine, iw_cap)."""
+    return rollout_corrected_loss(*args, mode="tis", **kwargs)
+
+
+def mis_loss(*args, **kwargs) -> tuple[Tensor, LossMetrics]:
+    """Masked importance sampling (verl's rollout correction): `rollout_corrected_loss` with
+    w = pi_old / pi_engine inside [1 / iw_cap, iw_cap]; tokens (or, at level=sequence, whole
+    trajectories) outside it leave the loss and its denominator."""
+    return rollout_corrected_loss(*args, mode="mis", **kwargs)
+
+
 # Every entry is called as fn(logp, proximal, behaviour, adv, mask, clip_low, clip_high,
-# iw_cap=, agg=, norm_length=, entropy=, iw_cap_mode=); `needs_proximal` says which of them
-# read the trainer's own pre-update log-probs as `proximal` (one no-grad pass per step).
+# iw_cap=, agg=, norm_length=, entropy=) plus its own weighting knob: `iw_cap_mode` (the capping
+# rule of decoupled_ppo and ppo_engine_is) or `level` (tis, mis: token or sequence ratios).
+# `NEEDS_PROXIMAL` says which read the trainer's own pre-update log-probs as `proximal` (one
+# no-grad pass per step); plain ppo takes its ratio against the sampler's.
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, LossMetrics]]] = {
     "ppo": ppo_policy_loss,
     "decoupled_ppo": decoupled_ppo_loss,
     "ppo_engine_is": engine_is_ppo_loss,
+    "tis": tis_loss,
+    "mis": mis_loss,
 }
-NEEDS_PROXIMAL = frozenset({"decoupled_ppo", "ppo_engine_is"})
+NEEDS_PROXIMAL = frozenset({"decoupled_ppo", "ppo_engine_is", "tis", "mis"})
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, LossMetrics]]:

@@ -17,7 +17,7 @@ weight (what the trainer used before) is exact for token-mean only.
 
 `token_budget_chunks` cuts a batch into micro-batches of a padded-token budget and `split_even`
 into PPO mini-batches. This module deliberately computes no loss and runs no model: counts in,
-weights out (the loss is `paravt.rl.objective.micro_objective`).
+weights out (the loss is `paravt.rl.paragrpo_loss.PARAGRPOLoss`, called with them).
 """
 
 from __future__ import annotations

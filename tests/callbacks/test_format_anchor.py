@@ -116,7 +116,7 @@ def test_the_real_grpo_module_follows_the_schedules(tiny_qwen3_dir, monkeypatch)
     for step in range(3):
         trainer.global_step = step
         callback.on_train_batch_start(trainer, module, batch=None, batch_idx=step)
-        seen.append((module.reward_weights.format_weight, module._loss_settings().anchor_coef))
+        seen.append((module.reward_weights.format_weight, module.anchor_coef))  # each call's
     # format: 1 + (0 - 1) * min(step / 2, 1); anchor: 0.0 before milestone 1, then 0.25
     assert seen == [(1.0, 0.0), (0.5, 0.25), (0.0, 0.25)]
     assert module.reward_weights == replace(reward, format_weight=0.0)  # the rest untouched

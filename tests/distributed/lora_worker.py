@@ -33,7 +33,10 @@ def run(model_dir: str, out: Path, batches_path: Path) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     batches = torch.load(batches_path, weights_only=False)
     algo = AlgorithmConfig(
-        AdvantageConfig(), kl_coef=0.05, anchor_coef=0.1, micro_batch_tokens=2048
+        AdvantageConfig(shaping=False, batch_norm=False),
+        kl_coef=0.05,
+        anchor_coef=0.1,
+        micro_batch_tokens=2048,
     )
     spec = PolicySpec(path=model_dir, lora=LORA)
     opt = partial(torch.optim.AdamW, lr=LR)

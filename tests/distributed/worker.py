@@ -104,7 +104,7 @@ def train_steps(model, opt, ids: TokenIds, start: int, stop: int, seen: list) ->
         seen.append((step, tuple(mine)))
         trajs = [t for p in mine for t in trajectories(p, step)]
         rewards = torch.tensor([reward(t) for t in trajs]).view(len(mine), G)
-        adv = compute_advantages(rewards, AdvantageConfig()).values
+        adv = compute_advantages(rewards, AdvantageConfig(shaping=False, batch_norm=False)).values
         update(model, opt, trajs, adv, ids)
 
 
@@ -367,7 +367,7 @@ def scenario_grpo(model_dir: str, out: Path, batches_path: Path) -> dict:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     batches = torch.load(batches_path, weights_only=False)
-    advantage = AdvantageConfig(drop_zero_variance=True)
+    advantage = AdvantageConfig(shaping=False, batch_norm=False, drop_zero_variance=True)
     algo = AlgorithmConfig(advantage, kl_coef=0.05, anchor_coef=0.1, micro_batch_tokens=2048)
     # 2 ranks: the meta-device path (rank 0 alone loads, then fills every rank's shards).
     opt = partial(torch.optim.AdamW, lr=LR)

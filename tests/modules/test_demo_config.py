@@ -147,7 +147,8 @@ def test_every_paradox_arm_shapes_rewards_as_the_reference(prior_arms):
     shaped = shape_rewards(torch.tensor([2.8, 2.0, 0.8, 0.0]), 10.0, -0.2, 20.0)
     assert shaped.tolist() == pytest.approx([20.0, 18.0, 6.0, -2.0])
     # the clip leaves the tool answer 2 above the direct one instead of 8
-    raw = compute_advantages(torch.tensor([[2.8, 2.0, 0.8, 0.0]]), AdvantageConfig())
+    unshaped = AdvantageConfig(shaping=False, batch_norm=False)
+    raw = compute_advantages(torch.tensor([[2.8, 2.0, 0.8, 0.0]]), unshaped)
     shaped_adv = compute_advantages(torch.tensor([[2.8, 2.0, 0.8, 0.0]]), adv).values
     assert raw.values[0] - raw.values[1] > 2 * (shaped_adv[0] - shaped_adv[1])
 

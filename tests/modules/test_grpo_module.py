@@ -43,13 +43,13 @@ def _fit_setup(module, needle_dir) -> None:
 
 def test_the_dr_grpo_divisor_comes_from_the_datamodule_s_agent(tiny_qwen3_dir, needle_dir):
     module = _module(tiny_qwen3_dir, kl_coef=0.0, aggregation="seq_mean_token_sum_norm")
-    assert module.norm_length is None
+    assert module.loss_fn.config.norm_length is None
     _fit_setup(module, needle_dir)
     # max_new_tokens x (max_rounds + 1): 8 x 3, train.py's divisor for the same agent
-    assert module._loss_settings().norm_length == 24
+    assert module.loss_fn.config == replace(module.algo, norm_length=24)
     configured = _module(tiny_qwen3_dir, kl_coef=0.0, norm_length=100)
     _fit_setup(configured, needle_dir)
-    assert configured._loss_settings().norm_length == 100
+    assert configured.loss_fn.config.norm_length == 100
 
 
 def test_a_checkpoint_without_a_policy_key_fails_and_one_without_the_reference_loads(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -80,9 +81,11 @@ def test_compute_advantages_defaults_to_the_unbiased_std_and_has_a_switch() -> N
     #   unbiased std sqrt(0.75 / 3) = 0.5       -> [1.5, -0.5, -0.5, -0.5]   (verl's value)
     #   biased std   sqrt(0.75 / 4) = 0.4330    -> [1.7321, -0.5774, ...]
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
-    got = compute_advantages(r, AdvantageConfig()).values
+    raw = AdvantageConfig(shaping=False, batch_norm=False)  # group normalisation alone
+    assert raw.unbiased_std
+    got = compute_advantages(r, raw).values
     torch.testing.assert_close(got, torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5, rtol=0)
-    biased = compute_advantages(r, AdvantageConfig(unbiased_std=False)).values
+    biased = compute_advantages(r, replace(raw, unbiased_std=False)).values
     third = 1 / math.sqrt(3)
     expected = torch.tensor([3 * third, -third, -third, -third])
     torch.testing.assert_close(biased, expected, atol=1e-5, rtol=0)

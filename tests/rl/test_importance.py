@@ -13,8 +13,10 @@ import math
 import pytest
 import torch
 
-from paravt.rl.importance import corrected_loss, engine_weights, gap_metrics, gap_sums
-from paravt.rl.objective import LossSettings
+from paravt.rl.algorithm import AlgorithmConfig
+from paravt.rl.importance import engine_weights, gap_metrics, gap_sums
+from paravt.rl.losses import tis_loss
+from paravt.rl.paragrpo_loss import PARAGRPOLoss
 
 L = math.log
 TRAINER = torch.tensor([[L(0.5)] * 3, [L(0.3), L(0.3), 0.0]])
@@ -25,11 +27,15 @@ GEO = 20 ** (1 / 3)
 
 
 def loss(mode: str, level: str, cap: float) -> tuple[float, float]:
-    settings = LossSettings(
-        loss="ppo_engine_is", engine_is_correction=mode, engine_is_cap=cap, engine_is_level=level
+    """The lifted loss as the recipe spells the correction, and as the registry entry `mode`."""
+    knobs = {"engine_is_cap": cap, "engine_is_level": level}
+    beside = PARAGRPOLoss(loss="ppo_engine_is", engine_is_correction=mode, **knobs)
+    named = PARAGRPOLoss(loss=mode, **knobs)
+    out = beside(TRAINER.clone(), TRAINER, ADV, MASK, behaviour_logprobs=ENGINE)
+    assert float(named(TRAINER.clone(), TRAINER, ADV, MASK, behaviour_logprobs=ENGINE)) == float(
+        out
     )
-    out, metrics = settings.policy_loss()(TRAINER.clone(), TRAINER, ENGINE, ADV, MASK, 0.2, 0.2)
-    return float(out), metrics.iw_capped_frac
+    return float(out), beside.metrics["loss/iw_capped_frac"]
 
 
 @pytest.mark.parametrize(
@@ -63,7 +69,7 @@ def test_mis_masks_ratios_below_the_lower_bound_too():
 
 def test_the_loss_gradient_is_weighted_by_the_detached_weights():
     logp = TRAINER.clone().requires_grad_(True)
-    out, _ = corrected_loss(logp, TRAINER, ENGINE, ADV, MASK, mode="tis", level="token", cap=4.0)
+    out, _ = tis_loss(logp, TRAINER, ENGINE, ADV, MASK, iw_cap=4.0, level="token")
     out.backward()
     # d(-w r / 5)/d logp = -w / 5 at r = 1
     assert logp.grad[0].tolist() == pytest.approx([-0.2, -0.4, -0.8])
@@ -81,9 +87,13 @@ def test_gap_metrics_take_the_max_and_the_mean_k3():
 
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match="engine_is_level"):
-        LossSettings(loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="geometric")
+        AlgorithmConfig(
+            loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="geometric"
+        )
+    with pytest.raises(ValueError, match="engine_is_level"):
+        AlgorithmConfig(loss="tis", engine_is_level="geometric")
     with pytest.raises(ValueError, match="engine_is_correction"):
-        LossSettings(loss="ppo_engine_is", engine_is_correction="masked")
+        AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="masked")
 
 
 def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_samples):
@@ -163,7 +173,6 @@ def test_a_trajectory_sampled_under_two_versions_is_corrected_segment_by_segment
 
 def test_partial_rollouts_refuse_a_whole_trajectory_ratio():
     from paravt.modules.async_rollouts import check_partial
-    from paravt.rl.algorithm import AlgorithmConfig
 
     check_partial(
         AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="tis", engine_is_level="token")
@@ -174,3 +183,5 @@ def test_partial_rollouts_refuse_a_whole_trajectory_ratio():
                 loss="ppo_engine_is", engine_is_correction="mis", engine_is_level="sequence"
             )
         )
+    with pytest.raises(ValueError, match="engine_is_level=token"):  # tis named as the loss
+        check_partial(AlgorithmConfig(loss="tis", engine_is_level="sequence"))

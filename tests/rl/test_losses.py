@@ -244,7 +244,9 @@ def test_decoupled_equals_ppo_when_on_policy() -> None:
     for name, fn in POLICY_LOSSES.items():
         c, _ = fn(logp, prox, prox, adv, mask, clip_high=0.28)
         torch.testing.assert_close(c, b, msg=name)
-    with pytest.raises(ValueError, match=r"'grpo'.*\['decoupled_ppo', 'ppo', 'ppo_engine_is'\]"):
+    with pytest.raises(
+        ValueError, match=r"'grpo'.*\['decoupled_ppo', 'mis', 'ppo', 'ppo_engine_is', 'tis'\]"
+    ):
         get_policy_loss("grpo")
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from paravt.models.forward import TokenIds, trajectory_logprobs
+from paravt.rl.algorithm import AlgorithmConfig
 from paravt.rl.losses import get_policy_loss
 from paravt.rl.mismatch import mismatch_metrics, needs_trainer_logprobs
-from paravt.rl.objective import LossSettings
 from paravt.types import Trajectory
 
 CAP = 2.0
@@ -120,16 +120,12 @@ def test_the_entry_uses_the_callers_cap(tiny):
 
 def test_config_errors_and_wiring():
     assert needs_trainer_logprobs("ppo_engine_is") and needs_trainer_logprobs("decoupled_ppo")
+    assert needs_trainer_logprobs("tis") and needs_trainer_logprobs("mis")
     assert not needs_trainer_logprobs("ppo")
     with pytest.raises(ValueError, match="engine_is_correction must be null or one of"):
-        LossSettings(loss="ppo_engine_is", engine_is_correction="sequence_truncate")
+        AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="sequence_truncate")
     with pytest.raises(ValueError, match="engine_is_cap must be >= 1"):
-        LossSettings(loss="ppo_engine_is", engine_is_cap=0.5)
+        AlgorithmConfig(loss="ppo_engine_is", engine_is_cap=0.5)
     # The correction beside plain PPO used to turn it silently into another loss.
     with pytest.raises(ValueError, match=r"fix: algorithm\.loss=ppo_engine_is"):
-        LossSettings(loss="ppo", engine_is_correction="token_truncate")
-    # Each loss reads its own cap; the rule defaults to the loss's own.
-    assert LossSettings(loss="ppo_engine_is").behaviour_weights() == (CAP, "clamp")
-    rule = LossSettings(loss="ppo_engine_is", engine_is_correction="token_mask")
-    assert rule.behaviour_weights() == (CAP, "mask")
-    assert LossSettings(loss="decoupled_ppo", iw_cap=5.0).behaviour_weights() == (5.0, "mask")
+        AlgorithmConfig(loss="ppo", engine_is_correction="token_truncate")
