@@ -6,7 +6,7 @@ problems (unknown extension, unreadable file, a bad JSON line) raise `DataFileEr
 file (and line). Row conversion rules live in `paravt.data.schemas`; this module only reads files,
 checks each row's video (`video_check`: exists, opens and decodes its first frame, or also
 decodes its last frame, so a truncated or corrupt mp4 is skipped at load instead of stopping a
-training step) and wraps the result for torch. `fail_fast=True` raises on the first bad row.
+training step). `fail_fast=True` raises on the first bad row.
 It deliberately does not build prompts, sample frames or batch tensors.
 """
 
