@@ -20,9 +20,9 @@ first reads it, and names the missing piece):
   (`set_budget_sampler(sampler)`) and calls `sampler(prompt_id: str, epoch: int) -> int` for
   every prompt when it builds a batch (not in its `setup`, which Lightning runs before the
   callbacks'); checked in `setup`. With plain dataloaders, call `callback.sampler.budget(
-  prompt_id, epoch)` where the batch is built. Its gate reads `last_rollout` as a RolloutRecord
-  or the light `GateRecord` (rewards and tool-call counts [B, G], budgets [B]); without
-  `last_rollout` it warns and logs no gate.
+  prompt_id, epoch)` where the batch is built (checked after the first batch). Its gate reads
+  `last_rollout` as a RolloutRecord or the light `GateRecord` (rewards and tool-call counts
+  [B, G], budgets [B]); without `last_rollout` it warns and logs no gate.
 - `pl_module.evaluate_agent(samples, greedy=True) -> list[Trajectory]` (one per sample, in order)
   and `pl_module.score(trajectory, sample) -> RewardBreakdown` (BenchmarkValidation).
 

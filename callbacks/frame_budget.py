@@ -10,7 +10,9 @@ present), and the mean budget.
 The DataModule must call the sampler as `sampler(prompt_id, epoch)` when it builds a batch, not in
 its own `setup`: Lightning runs the DataModule's `setup` before the callbacks' `setup`. With plain
 dataloaders (no DataModule) the same sampler is the hook: call `callback.sampler.budget(prompt_id,
-epoch)` where the batch is built (a collate function, a Dataset).
+epoch)` where the batch is built (a collate function, a Dataset). Such a run is warned only when,
+after its first batch, the budgets were evidently not drawn that way (none drawn in this process
+by a loader without workers, or a K outside `frame_budgets`).
 
 The gate is read from `pl_module.last_rollout` after each step: paravt's `RolloutRecord`, or the
 light `GateRecord` (rewards [B, G], tool-call counts [B, G], budgets [B]) that is all it uses. A
@@ -107,32 +109,51 @@ def budget_metrics(stats: dict[int, GateStat], budgets: Sequence[int]) -> dict[s
     return metrics
 
 
+class _TrackedSampler(FrameBudgetSampler):
+    """The callback's sampler: it also notes that it drew a budget in this process, so that a run
+    with plain dataloaders is warned only when the documented hook was evidently not used."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "drawn", False)
+
+    def budget(self, prompt_id: str, epoch: int = 0) -> int:
+        object.__setattr__(self, "drawn", True)
+        return super().budget(prompt_id, epoch)
+
+
 class FrameBudgetGating(pl.Callback):
     """Draw each prompt's frame budget K from `frame_budgets` (weighted by `weights`) and log
-    the gate."""
+    the gate. `budgets=` is the former name of `frame_budgets=` and is still accepted."""
 
     def __init__(
         self,
-        frame_budgets: Sequence[int] = DEFAULT_BUDGETS,
+        frame_budgets: Sequence[int] | None = None,
         weights: Sequence[float] | None = None,
         seed: int = 0,
+        *,
+        budgets: Sequence[int] | None = None,
     ) -> None:
-        self.sampler = FrameBudgetSampler(
-            tuple(frame_budgets), None if weights is None else tuple(weights), seed
+        if frame_budgets is not None and budgets is not None:
+            raise TypeError(
+                "FrameBudgetGating: pass frame_budgets= only (budgets= is its former name)"
+            )
+        chosen = frame_budgets if frame_budgets is not None else budgets
+        self.sampler = _TrackedSampler(
+            tuple(DEFAULT_BUDGETS if chosen is None else chosen),
+            None if weights is None else tuple(weights),
+            seed,
         )
         self._pending: list[dict[int, GateStat]] = []
         self._budgets: list[int] = []
         self._last_step = 0
         self._warned = False
+        self._plain = False  # no DataModule took the sampler: the hook is checked after batch 1
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is None:
-            rank_zero_warn(
-                "FrameBudgetGating: no LightningDataModule to hand the sampler to; with "
-                "plain dataloaders draw each prompt's budget with "
-                "`callback.sampler.budget(prompt_id, epoch)` where the batch is built"
-            )
+        if datamodule is None:  # plain dataloaders: the documented hook is checked later
+            self._plain = True
             return
         if not isinstance(datamodule, BudgetSink):
             raise TypeError(
@@ -151,6 +172,9 @@ class FrameBudgetGating(pl.Callback):
         batch_idx: int,
     ) -> None:
         record = self._gate_record(pl_module)
+        if self._plain:
+            self._plain = False
+            self._check_hook(trainer, record)
         if record is None or not len(record.budgets):
             return
         self._pending.append(step_gate_stats(record))
@@ -160,6 +184,21 @@ class FrameBudgetGating(pl.Callback):
         # between so that a ratio rests on more than the one or two groups a budget gets per step.
         if (record.step + 1) % trainer.log_every_n_steps == 0:
             self._flush(trainer, pl_module)
+
+    def _check_hook(self, trainer: pl.Trainer, record: GateRecord | None) -> None:
+        """With plain dataloaders, warn once if the first batch's budgets were evidently not
+        drawn with `callback.sampler.budget` (worker processes draw where this cannot see)."""
+        loader = getattr(trainer, "train_dataloader", None)
+        unseen = not self.sampler.drawn and not getattr(loader, "num_workers", 0)
+        foreign = sorted(set(record.budgets if record else ()) - set(self.sampler.budgets))
+        if unseen or foreign:
+            why = f"budgets {foreign} are not among" if foreign else "no budget was drawn from"
+            rank_zero_warn(
+                f"FrameBudgetGating: no LightningDataModule took the sampler and {why} "
+                f"frame_budgets {list(self.sampler.budgets)}; with plain dataloaders draw each "
+                "prompt's budget with `callback.sampler.budget(prompt_id, epoch)` where the "
+                "batch is built"
+            )
 
     def _gate_record(self, pl_module: pl.LightningModule) -> GateRecord | None:
         if not hasattr(pl_module, "last_rollout"):
@@ -199,14 +238,5 @@ class FrameBudgetGating(pl.Callback):
             pl_module.log_dict(metrics, logger=False, batch_size=len(metrics))
 
 
-class FrameBudgetRandomization(FrameBudgetGating):
-    """`FrameBudgetGating` under its former name, whose `budgets` is now `frame_budgets`: code
-    written against the earlier docs/reuse.md keeps working."""
-
-    def __init__(
-        self,
-        budgets: Sequence[int] = DEFAULT_BUDGETS,
-        weights: Sequence[float] | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(budgets, weights, seed)
+# The former name: code written against the earlier docs/reuse.md keeps working.
+FrameBudgetRandomization = FrameBudgetGating

@@ -29,6 +29,10 @@ RENAMED = {
     "protocol.num_frames": "protocol.frame_budget",
     "callbacks.frame_budget": "callbacks.frame_budget_gating",
     "callbacks.frame_budget.budgets": "callbacks.frame_budget_gating.frame_budgets",
+    "cold_start.budgets": "cold_start.frame_budgets",
+    "cold_start.report_budgets": "cold_start.report_frame_budgets",
+    "prior.budgets": "prior.frame_budgets",
+    "data.generate.budgets": "data.generate.frame_budgets",
 }
 
 

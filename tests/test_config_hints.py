@@ -75,6 +75,19 @@ def test_an_added_key_a_target_does_not_take_gets_the_closest_argument(train_py,
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("experiment", "old", "new"),
+    [
+        ("demo", "cold_start.budgets", "cold_start.frame_budgets"),
+        ("demo", "cold_start.report_budgets", "cold_start.report_frame_budgets"),
+        ("demo_prior_paragrpo", "prior.budgets", "prior.frame_budgets"),
+    ],
+)
+def test_a_former_frame_budget_key_is_named_with_its_new_name(experiment, old, new):
+    hints = typo_hints(ROOT / "conf", "train", [f"experiment={experiment}", f"{old}=[2]"])
+    assert len(hints) == 1 and f"the config has no key '{old}'; did you mean '{new}'?" in hints[0]
+
+
 def test_a_list_of_group_options_is_checked_option_by_option():
     conf = ROOT / "conf"
     assert typo_hints(conf, "train", ["logger=[tensorboard,wandb,mlflow,csv]"]) == []

@@ -354,7 +354,7 @@ VLLM_CAPS = {  # as written, plus caps that keep each command to a step or two (
     "rollout.group_size=2 rollout.agent.max_rounds=1 rollout.agent.max_new_tokens=8 "
     "data.generate.num_train=4 data.generate.num_eval=2 cold_start.steps=1 "
     "cold_start.oracle_steps=1 cold_start.batch_size=2 cold_start.eval_limit=2 "
-    "cold_start.report_limit=2 cold_start.report_budgets=[4] "
+    "cold_start.report_limit=2 cold_start.report_frame_budgets=[4] "
     "callbacks.benchmark_validation.limit=1 callbacks.benchmark_validation.every_n_steps=1",
     "python evaluate.py rollout/engine=vllm benchmark=needle model.path=runs/demo/hf": "limit=1",
     "paravt rollout --engine vllm --model runs/demo/hf --data artifacts/needle_demo/eval.jsonl": (

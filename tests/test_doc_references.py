@@ -68,3 +68,25 @@ def test_the_architecture_layout_lists_the_experiments_and_ablations_conf_holds(
         unknown, unlisted = listed - patterns - files, files - covered - listed
         assert not unknown, f"{group}: listed without a file: {unknown}"
         assert not unlisted, f"{group}: files not listed: {unlisted}"
+
+
+# "vanilla GRPO" is the reference's vanilla recipe (experiment=demo_prior_grpo, reward shaping
+# on); ablation=grpo, which turns the shaping off too, is "plain GRPO". The two names once both
+# said "vanilla GRPO".
+PLAIN_GRPO = re.compile(r"ablation=grpo\b|`demo_grpo`|ablation/grpo\.yaml")
+
+
+def test_vanilla_grpo_names_the_reference_recipe_and_plain_grpo_the_ablation():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    mixed = [
+        f"{page.relative_to(ROOT)}: {line.strip()[:120]}"
+        for page in pages
+        for line in page.read_text().splitlines()
+        if PLAIN_GRPO.search(line) and "vanilla GRPO" in line.replace("Vanilla", "vanilla")
+    ]
+    assert not mixed, "ablation=grpo called vanilla GRPO:\n" + "\n".join(mixed)
+    ablation = (ROOT / "conf" / "ablation" / "grpo.yaml").read_text()
+    assert ablation.splitlines()[1].startswith("# Plain GRPO:")
+    assert "`experiment=demo_prior_grpo`" in ablation  # the vanilla recipe, named apart
+    arm = (ROOT / "conf" / "experiment" / "demo_prior_grpo.yaml").read_text()
+    assert "vanilla GRPO arm (the reference's vanilla recipe; not ablation=grpo" in arm

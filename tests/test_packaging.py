@@ -8,8 +8,10 @@ paravt name, and that a config naming the old `callbacks.X` targets gets the fix
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -50,11 +52,39 @@ def test_a_user_module_beside_its_own_callbacks_py_imports_paravts_callbacks(tmp
 def test_pyproject_ships_every_package_under_paravt_and_no_global_callbacks():
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setup["package-dir"] == {"paravt.callbacks": "callbacks"}
-    on_disk = {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "paravt").rglob("__init__.py")
-    }
+    # every folder that ships a file: a Python package, or a data folder (the chat templates)
+    shipped = [p for p in (ROOT / "paravt").rglob("*") if p.suffix in (".py", ".jinja")]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in shipped}
     assert set(setup["packages"]) == on_disk | {"paravt.callbacks"}
     assert all(p == "paravt" or p.startswith("paravt.") for p in setup["packages"])
+
+
+def test_the_wheel_builds_without_warnings_and_ships_the_chat_templates(tmp_path):
+    # A copy of what the wheel is built from: setuptools writes build/ and *.egg-info beside it.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", src)
+    shutil.copy(ROOT / "README.md", src)
+    for folder in ("paravt", "callbacks"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    build = "import setuptools.build_meta as b, sys; print(b.build_wheel(sys.argv[1]))"
+    out = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path / "dist")],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    # setuptools warned "Package 'paravt.models.templates' is absent from the `packages`
+    # configuration" while the templates were package data of paravt.models
+    assert "absent from the `packages`" not in out.stderr, out.stderr
+    wheel = tmp_path / "dist" / out.stdout.split()[-1]
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    templates = {p.relative_to(ROOT).as_posix() for p in (ROOT / "paravt").rglob("*.jinja")}
+    assert len(templates) == 2 and templates <= names
+    assert "paravt/callbacks/frame_budget.py" in names
 
 
 @pytest.mark.parametrize("name", ["FrameBudgetGating", "progress.StepProgress"])

@@ -6,7 +6,7 @@ problems (unknown extension, unreadable file, a bad JSON line) raise `DataFileEr
 file (and line). Row conversion rules live in `paravt.data.schemas`; this module only reads files,
 checks each row's video (`video_check`: exists, opens and decodes its first frame, or also
 decodes its last frame, so a truncated or corrupt mp4 is skipped at load instead of stopping a
-training step) and wraps the result for torch. `fail_fast=True` raises on the first bad row.
+training step). `fail_fast=True` raises on the first bad row.
 It deliberately does not build prompts, sample frames or batch tensors.
 """
 
@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 
 from paravt.data.schemas import DataRowError, row_to_sample
 from paravt.errors import UserError
@@ -234,24 +233,6 @@ def _log_report(report: LoadReport) -> None:
         )
     else:
         log.info("%s: loaded %d samples", report.path, report.kept)
-
-
-class PromptDataset(Dataset):
-    """A map-style dataset over Samples; items are the Samples themselves."""
-
-    def __init__(self, samples: Sequence[Sample]) -> None:
-        self.samples = list(samples)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> Sample:
-        return self.samples[index]
-
-
-def collate_samples(batch: list[Sample]) -> list[Sample]:
-    """Keep a batch as a list of Samples: prompts are built later, per frame budget."""
-    return batch
 
 
 def epoch_order(num: int, epoch: int, seed: int, shuffle: bool) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,8 @@ def write_needle_sft(
 def write_needle_sft_from_config(out: str, model_path: str, generate: Mapping[str, Any]) -> Path:
     """`SFTDataModule.generate`: needle RL data (made when missing), then its teacher rows."""
     opts = dict(generate)
+    if "budgets" in opts:  # the former name, refused before any data is generated
+        raise ValueError("data.generate.budgets is now data.generate.frame_budgets: rename it")
     needle_dir = Path(opts.pop("needle_dir", Path(out).parent / "needle"))
     needle_cfg = dict(opts.pop("needle", {}))
     if not (needle_dir / "train.jsonl").exists():
@@ -161,7 +164,8 @@ def write_needle_sft_from_config(out: str, model_path: str, generate: Mapping[st
 
         make_needle(NeedleConfig(**needle_cfg), needle_dir)
     agent = AgentConfig(max_rounds=opts.pop("max_rounds", 2), mode=opts.pop("mode", "frames"))
-    strategy, budgets = opts.pop("strategy", "search"), tuple(opts.pop("budgets", (4, 8)))
+    strategy = opts.pop("strategy", "search")
+    budgets = tuple(opts.pop("frame_budgets", (4, 8)))
     if opts:
         raise ValueError(f"data.generate has unknown keys {sorted(opts)}")
     return write_needle_sft(
@@ -179,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output .jsonl or .parquet")
     parser.add_argument("--mode", default="frames", choices=("frames", "subagent"))
     parser.add_argument("--strategy", default="search", choices=("search", "oracle"))
-    parser.add_argument("--budgets", default="4,8", help="overview frame budgets, cycled")
+    parser.add_argument("--frame-budgets", default="4,8", help="overview frame budgets, cycled")
     parser.add_argument("--max-rounds", type=int, default=2)
+    if any(a.split("=")[0] == "--budgets" for a in (sys.argv[1:] if argv is None else argv)):
+        parser.error("--budgets is now --frame-budgets")
     args = parser.parse_args(argv)
     agent = AgentConfig(max_rounds=args.max_rounds, mode=args.mode)
-    budgets = [int(b) for b in args.budgets.split(",")]
+    budgets = [int(b) for b in args.frame_budgets.split(",")]
     path = write_needle_sft(args.needle, args.model, args.out, agent, args.strategy, budgets)
     print(f"wrote {path}")
     return 0

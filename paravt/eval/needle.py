@@ -14,7 +14,9 @@ is the agent's generic one, since a needle split mixes letters and intervals. Re
 overall and by family and question type, plus missing_videos and num_samples; beside them
 "lmms_eval/accuracy": lmms-eval's rules (`paravt.eval.lmms_scoring`; lmms-eval has no needle
 task): its shared letter extractor on the item's letters for mcq rows, its Charades-STA parser
-and IoU for tvg rows; oe rows have no lmms-eval rule and stay out of that figure.
+and IoU for tvg rows, with the needle's own interval form `[start, end]` (the form its gold
+answers and prompt use, which that parser reads as two separate numbers) first rewritten as
+Charades' `start - end`; oe rows have no lmms-eval rule and stay out of that figure.
 
 This module deliberately does not generate needle data nor run a model.
 """
@@ -22,6 +24,7 @@ This module deliberately does not generate needle data nor run a model.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +43,13 @@ from paravt.eval.adapters.base import (
     take,
 )
 from paravt.rewards.accuracy import accuracy_reward, exact_match, extract_answer
+
+_BRACKETED = re.compile(r"\[\s*(\d+(?:\.\d+)?)\s*,\s*(\d+(?:\.\d+)?)\s*\]")
+
+
+def charades_form(response: str) -> str:
+    """`response` with every needle interval `[a, b]` written as Charades-STA's `a - b`."""
+    return _BRACKETED.sub(r"\1 - \2", response)
 
 
 def load_needle(annotations: str, video_root: str = "", limit: int | None = None) -> list[EvalItem]:
@@ -76,7 +86,11 @@ class NeedleBenchmark:
     forced_answer: str = FORCED_ANSWER
     open_ended_rule: str = "token F1"  # oe rows without a judge, or when the judge fails
 
-    def load(self, annotations: str, video_root: str, limit: int | None = None) -> list[EvalItem]:
+    def load(
+        self, annotations: str, video_root: str = "", limit: int | None = None
+    ) -> list[EvalItem]:
+        """The split's items; `video_root` is optional: the generator writes video paths
+        relative to the annotation file's folder, which is the default."""
         return check_unique_ids(load_needle(annotations, video_root, limit), annotations)
 
     def score(self, item: EvalItem, response: str) -> dict[str, float]:
@@ -91,7 +105,7 @@ class NeedleBenchmark:
             gold = sample.windows[0] if sample.windows else (0.0, 0.0)
             return {
                 "accuracy": scoring.score_grounding(response, gold)["iou"],
-                LMMS_ACC: lmms_scoring.charades_iou(response, gold),
+                LMMS_ACC: lmms_scoring.charades_iou(charades_form(response), gold),
             }
         if sample.question_type == "oe":
             return {"accuracy": accuracy_reward(extract_answer(response), sample.answer, "oe")}

@@ -63,10 +63,6 @@ def _without_tools(text: str) -> str:
     return _TAG_RE.sub(" ", _TOOL_BLOCK_RE.sub(" ", text))
 
 
-def _has_answer_structure(response: str) -> bool:
-    return "</think>" in response or _has_closed_answer(response)
-
-
 def _has_closed_answer(response: str) -> bool:
     return "<answer>" in response and "</answer>" in response
 
@@ -200,23 +196,6 @@ def mean(values: Iterable[float]) -> float:
     """The arithmetic mean; 0.0 for no values (an empty benchmark reports zeros, not NaN)."""
     values = list(values)
     return sum(values) / len(values) if values else 0.0
-
-
-def grouped_means(
-    groups: Sequence[Mapping[str, Sequence[str]]],  # one label mapping per item
-    values: Sequence[float],  # one score per item
-    name: str,
-) -> dict[str, float]:
-    """Means per group label, keyed f"{name}/{key}={label}", sorted; multi-label items count in
-    every label they carry."""
-    if len(groups) != len(values):
-        raise ValueError(f"{len(groups)} group mappings for {len(values)} scores")
-    buckets: dict[str, list[float]] = {}
-    for labels, value in zip(groups, values, strict=True):
-        for key, names in labels.items():
-            for label in names:
-                buckets.setdefault(f"{name}/{key}={label}", []).append(value)
-    return {k: mean(v) for k, v in sorted(buckets.items())}
 
 
 def macro_average(per_label: Mapping[str, float], prefix: str) -> float:

@@ -119,14 +119,6 @@ def reduce_ints(values: Sequence[int], op=dist.ReduceOp.SUM, group=None) -> list
     return [int(v) for v in t.tolist()]
 
 
-def reduce_floats(values: Sequence[float], op=dist.ReduceOp.SUM, group=None) -> list[float]:
-    """Element-wise reduction of float figures over the ranks (float32)."""
-    t = all_reduce(
-        on_collective_device([float(v) for v in values], torch.float32, group), op, group
-    )
-    return [float(v) for v in t.tolist()]
-
-
 def on_rank0(fn, group=None):
     """`fn()` run by rank 0 only, its result (or its exception) handed to every rank: work
     done once per run instead of once per rank (e.g. opening every training video at setup).

@@ -19,6 +19,8 @@ from paravt.rewards.format import FORMULAS, FormatTerms, format_reward, is_degen
 from paravt.rewards.tool import tool_reward
 from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory
 
+CREDIT_WEIGHTS = ("think", "answer", "order", "balance")  # the credit formulas' weights
+
 
 @dataclass(frozen=True)
 class RewardWeights:
@@ -62,6 +64,24 @@ class RewardWeights:
             value = getattr(self, f.name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"RewardWeights.{f.name} must be a finite number, got {value!r}")
+        self._check_credit_weights()
+
+    def _check_credit_weights(self) -> None:
+        """The reference formula has rules of its own, not credit weights: a changed credit
+        weight there would be ignored without a word, so it is refused."""
+        changed = [
+            name
+            for name in CREDIT_WEIGHTS
+            if getattr(self, name) != next(f.default for f in fields(self) if f.name == name)
+        ]
+        if changed and self.format_formula == "reference":
+            raise ValueError(
+                f"RewardWeights: {', '.join(changed)} set, but the credit weights (think, "
+                "answer, order, balance) apply to the 'credits' and 'mean' formulas only, and "
+                "format_formula='reference' (the default) ignores them; set "
+                "format_formula='credits' (or 'mean') to weight the credits, or format_weight=0 "
+                "to turn R_fmt off"
+            )
 
 
 def _format_terms(text: str, w: RewardWeights) -> FormatTerms:
@@ -104,8 +124,9 @@ def compute_reward(
     `text` is the WHOLE trajectory, never an extracted answer: R_fmt reads its tags and R_acc
     extracts the answer itself (`accuracy_reward` scores an already extracted one). R_tool needs
     what the calls did: pass the turn's `calls` (ParsedCall, from the parser) and
-    `tool_results` (ToolResult, from the executor), or their counts; a text holding a
-    `<tool_call>` with neither is refused, since R_tool would silently be 0.
+    `tool_results` (ToolResult, from the executor), or their counts, always both: a text holding
+    a `<tool_call>` with neither, or valid calls without their results, is refused, since R_tool
+    would silently be 0 or lack its response credit.
     """
     num_valid_calls, num_tool_responses = _tool_counts(
         text, num_valid_calls, num_tool_responses, calls, tool_results
@@ -153,6 +174,18 @@ def _tool_counts(
         raise ValueError("compute_reward: pass tool_results= or num_tool_responses=, not both")
     valid = sum(c.ok for c in calls) if calls is not None else num_valid_calls
     responses = sum(r.ok for r in tool_results) if tool_results is not None else num_tool_responses
+    if valid and responses is None:  # R_tool would silently lose its response credit
+        raise ValueError(
+            f"compute_reward: {valid} valid calls but nothing says what they returned; pass "
+            "tool_results= (the executor's ToolResults) with calls=, or num_tool_responses= "
+            "with num_valid_calls= (0 if no call came back)"
+        )
+    if responses and valid is None:
+        raise ValueError(
+            f"compute_reward: {responses} tool responses but no calls; pass calls= (the "
+            "parser's ParsedCalls) with tool_results=, or num_valid_calls= with "
+            "num_tool_responses="
+        )
     if valid is None and responses is None and "<tool_call>" in text:
         raise ValueError(
             "compute_reward: the text holds a <tool_call> but R_tool has nothing to read; pass "

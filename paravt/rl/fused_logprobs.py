@@ -137,29 +137,3 @@ def linear_logprobs(
         bool(entropy),
     )
     return logp.view(n, t), (ent.view(n, t) if ent is not None else None)
-
-
-def causal_linear_logprobs(
-    hidden: Tensor,  # [N, T, H] over input_ids
-    weight: Tensor,  # [V, H]
-    input_ids: Tensor,  # [N, T]
-    temperature: float = 1.0,
-    suppress_ids: Sequence[int] = (),
-    chunk_size: int = 1024,
-    entropy: bool = False,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:  # ([N, T], [N, T] | None); index 0 holds 0
-    """`causal_token_logprobs`' alignment: logp[:, t] = log p(ids[:, t] | ids[:, :t]), and
-    entropy[:, t] that of the distribution ids[:, t] was drawn from; position 0 holds 0."""
-    logp, ent = linear_logprobs(
-        hidden[:, :-1],
-        weight,
-        input_ids[:, 1:],
-        temperature,
-        suppress_ids,
-        chunk_size,
-        entropy,
-        bias,
-    )
-    first = logp.new_zeros(logp.shape[0], 1)
-    return torch.cat([first, logp], 1), (torch.cat([first, ent], 1) if ent is not None else None)

@@ -43,7 +43,7 @@ class ColdStartConfig:
     lr: float = 3e-3
     batch_size: int = 8
     strategy: str = "search"  # "search" (crop the hinted span) | "oracle" (the true windows)
-    budgets: tuple[int, ...] = (4, 8)
+    frame_budgets: tuple[int, ...] = (4, 8)  # overview frame budgets K, cycled over samples
     # An imperfect teacher: per frame budget K, the shares of the teacher's strategies
     # (paravt.agent.scripts.STRATEGIES), e.g. {8: {search: 1, direct: 3}}; a K not named uses
     # `strategy` alone. Held-out answer tokens are always measured on `strategy` trajectories.
@@ -66,7 +66,7 @@ class ColdStartConfig:
     eval_limit: int = 16  # held-out trajectories per measurement
     # Greedy held-out rollouts per frame budget right after the cold start (the "before" column
     # of the run's table; the summary measures "after" on the same samples). () to skip.
-    report_budgets: tuple[int, ...] = ()
+    report_frame_budgets: tuple[int, ...] = ()
     report_limit: int = 64
     # Extra weight of the answer tokens' mean NLL: the answer is ~1 of ~135 trained tokens, so
     # with the token-mean loss alone the fixed think text and JSON drown its gradient.
@@ -108,12 +108,12 @@ def mixed_plan(
 def teacher_trajectories(
     agent: AgentLoop, samples: Sequence[Sample], cfg: ColdStartConfig, purpose: str = "train"
 ) -> list[Trajectory]:
-    """One scripted trajectory per sample (in sample order), budgets cycling over `cfg.budgets`,
-    strategies drawn from `cfg.teacher_mix` per budget.
+    """One scripted trajectory per sample (in sample order), budgets cycling over
+    `cfg.frame_budgets`, strategies drawn from `cfg.teacher_mix` per budget.
 
     Traced in batches of `TRACE_BATCH` prompts, with counts and an ETA (`paravt.progress.track`).
     """
-    budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    budgets = [cfg.frame_budgets[i % len(cfg.frame_budgets)] for i in range(len(samples))]
     plan = mixed_plan(samples, budgets, cfg)
     out: list[Trajectory | None] = [None] * len(samples)
     batches = [
@@ -150,7 +150,7 @@ def teacher_summary(
     samples: Sequence[Sample], cfg: ColdStartConfig, trajs: Sequence[Trajectory]
 ) -> str:
     """One line: the teacher's strategy shares per frame budget and its crops per trajectory."""
-    budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    budgets = [cfg.frame_budgets[i % len(cfg.frame_budgets)] for i in range(len(samples))]
     plan = mixed_plan(samples, budgets, cfg)
     parts = []
     for k in sorted(set(budgets)):
@@ -267,7 +267,7 @@ class ColdStartResult:
     # The greedy held-out figures per frame budget right after it (the "before" of the run's
     # before/after table), on these samples and budgets, and the seconds they took.
     report_samples: tuple[Sample, ...] = ()
-    report_budgets: tuple[int, ...] = ()
+    report_frame_budgets: tuple[int, ...] = ()
     budget_before: tuple[BudgetResult, ...] = ()
     report_seconds: float = 0.0
     cached: bool = False  # loaded from an earlier job of its sweep (paravt.run.coldstart_cache)
@@ -313,14 +313,14 @@ def cold_start(
     WeightSync.changed(agent.engine, module.policy, module.policy_version)
     module.reset_reference()
     result = ColdStartResult(tuple(report.losses), notes, report, seconds)
-    if cfg.report_budgets and held_out:
+    if cfg.report_frame_budgets and held_out:
         t1 = time.perf_counter()
         chosen = tuple(list(held_out)[: cfg.report_limit])
-        before = budget_eval(module, agent, chosen, cfg.report_budgets)
+        before = budget_eval(module, agent, chosen, cfg.report_frame_budgets)
         result = replace(
             result,
             report_samples=chosen,
-            report_budgets=tuple(cfg.report_budgets),
+            report_frame_budgets=tuple(cfg.report_frame_budgets),
             budget_before=tuple(before),
             report_seconds=time.perf_counter() - t1,
         )

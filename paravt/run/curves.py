@@ -74,7 +74,7 @@ def compare_runs(
     runs: Mapping[str, str | Path], tags: Sequence[str], out_dir: str | Path, prefix: str = ""
 ) -> list[Path]:
     """One PNG per tag with one series per run (name -> TensorBoard folder), e.g. PARA-GRPO vs
-    vanilla GRPO from the same cold start; the paths written."""
+    plain GRPO from the same cold start; the paths written."""
     scalars = {name: read_scalars(tb) for name, tb in runs.items()}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,7 @@ class PriorConfig:
     tool_share: float = 1.0  # share of prior-dialect tool-use text (the rest: direct answers)
     lr: float = 3e-3
     batch_size: int = 8
-    budgets: tuple[int, ...] = (2, 4)  # cycled over the corpus: (2, 4, 2, 4, 16) is 2:2:1
+    frame_budgets: tuple[int, ...] = (2, 4)  # cycled over the corpus: (2, 4, 2, 4, 16) is 2:2:1
     train_vision: bool = True  # a pretraining stage trains the whole (random) model
     # A reading curriculum, as the demo's cold start has: the first `oracle_steps` of `steps`
     # train on `<tool_code>` crops around the true needle (the colour fills most crop frames),
@@ -124,9 +124,9 @@ def prior_trajectories(
     agent: AgentLoop, samples: Sequence[Sample], cfg: PriorConfig, oracle: bool = False
 ) -> list[Trajectory]:
     """One prior-corpus trajectory per sample: `tool_share` `<tool_code>` searches whose crops
-    come back before the answer, the rest direct answers, budgets cycling over `cfg.budgets`;
+    come back before the answer, the rest direct answers, budgets cycling over `cfg.frame_budgets`;
     `oracle`: every sample's crop around its true needle instead (the reading curriculum)."""
-    budgets = [cfg.budgets[i % len(cfg.budgets)] for i in range(len(samples))]
+    budgets = [cfg.frame_budgets[i % len(cfg.frame_budgets)] for i in range(len(samples))]
     mix = {"oracle": 1.0} if oracle else {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
     plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
     stage = stage_agent(agent, PRIOR_DIALECT)
@@ -226,7 +226,7 @@ def cache_key(parts: dict) -> str:
 def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> list[str]:
     if not samples:
         return []
-    k = prior.budgets[-1]
+    k = prior.frame_budgets[-1]
     tokens = agent.cfg.max_new_tokens
     greedy = dialect_rates(agent, samples, k, SamplingParams(tokens, greedy=True))
     hot = dialect_rates(agent, samples, k, SamplingParams(tokens, 0.7, seed=prior.seed))

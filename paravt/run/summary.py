@@ -62,7 +62,7 @@ def _before_after_lines(module, agent, cold) -> list[str]:
 
     t0 = time.perf_counter()
     before = list(cold.budget_before)
-    after = budget_eval(module, agent, cold.report_samples, cold.report_budgets)
+    after = budget_eval(module, agent, cold.report_samples, cold.report_frame_budgets)
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
     lines.append(gain_line(before, after))

@@ -428,6 +428,18 @@ _CLI_TYPES: dict[str, Callable[[str], object]] = {
 }
 
 
+def cli_text(value: object) -> str:
+    """`value` written as its option takes it: ("red", "blue") -> "red,blue", the families
+    (("color", 1.0),) -> "color=1.0", True -> "true" (what `--help` shows as the default)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(
+            f"{item[0]}={item[1]}" if isinstance(item, tuple) else str(item) for item in value
+        )
+    return str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`paravt make-needle-data --out DIR [--num-train N --num-eval M --duration S ...]`."""
     parser = argparse.ArgumentParser(
@@ -440,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             "--" + field.name.replace("_", "-"),
             type=kind,
             default=field.default,
-            help=f"default: {field.default}",
+            help=f"default: {cli_text(field.default)}",
         )
     args = vars(parser.parse_args(argv))
     out = args.pop("out")

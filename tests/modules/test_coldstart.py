@@ -61,7 +61,7 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), freeze_vision=True))
     engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
     agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=1))
-    cfg = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), lr=1e-2)
+    cfg = ColdStartConfig(steps=1, batch_size=2, frame_budgets=(4,), lr=1e-2)
     trajs = teacher_trajectories(agent, needle_samples[:2], cfg)
     tower = vision_tower(model)
     before = [p.detach().clone() for p in tower.parameters()]
@@ -90,7 +90,9 @@ def test_a_lora_policy_cold_starts_with_full_weights_unless_told_otherwise(
     model, processor = load_policy(spec)
     engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
     agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=1))
-    cfg = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), lr=1e-2, full_weights=full_weights)
+    cfg = ColdStartConfig(
+        steps=1, batch_size=2, frame_budgets=(4,), lr=1e-2, full_weights=full_weights
+    )
     trajs = teacher_trajectories(agent, needle_samples[:2], cfg)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     flags = {n: p.requires_grad for n, p in model.named_parameters()}

@@ -23,7 +23,7 @@ def test_teacher_tracing_reports_progress_per_batch(
     monkeypatch.setattr(coldstart, "TRACE_BATCH", 2)  # 4 prompts -> 2 batches, 2 ticks
     with caplog.at_level(logging.INFO, logger="paravt.progress"):
         trajs = coldstart.teacher_trajectories(
-            agent, needle_samples, coldstart.ColdStartConfig(budgets=(4,))
+            agent, needle_samples, coldstart.ColdStartConfig(frame_budgets=(4,))
         )
     assert [t.sample_id for t in trajs] == [s.id for s in needle_samples]
     assert all(t.num_valid_calls >= 1 for t in trajs)  # real teacher turns with real crops

@@ -28,13 +28,13 @@ def test_the_default_run_is_the_demo_with_an_imperfect_teacher(demo_cfg):
     assert demo_cfg.name == "demo"
     cs = instantiate(demo_cfg.cold_start)
     assert isinstance(cs, ColdStartConfig)
-    low, high = sorted(cs.budgets)
+    low, high = sorted(cs.frame_budgets)
     # The teacher crops at the lower budget more often than it answers from the overview, and
     # the other way round at the higher one: RL has a tool-use decision to improve.
     share = {k: mix["search"] / sum(mix.values()) for k, mix in cs.teacher_mix.items()}
     assert share[low] > 0.5 > share[high] > 0
     assert 0 < cs.oracle_steps < cs.steps
-    assert list(demo_cfg.callbacks.frame_budget_gating.frame_budgets) == list(cs.budgets)
+    assert list(demo_cfg.callbacks.frame_budget_gating.frame_budgets) == list(cs.frame_budgets)
     assert demo_cfg.callbacks.benchmark_validation.limit >= 48
     assert demo_cfg.data.generate.num_eval >= demo_cfg.callbacks.benchmark_validation.limit
 
@@ -42,7 +42,7 @@ def test_the_default_run_is_the_demo_with_an_imperfect_teacher(demo_cfg):
 def test_mixed_plan_has_the_configured_shares_at_every_budget(demo_cfg):
     cs = instantiate(demo_cfg.cold_start)
     samples = [Sample(f"s{i}", "", "Q", "A") for i in range(48)]
-    budgets = [cs.budgets[i % len(cs.budgets)] for i in range(len(samples))]
+    budgets = [cs.frame_budgets[i % len(cs.frame_budgets)] for i in range(len(samples))]
     plan = mixed_plan(samples, budgets, cs)
     for k, mix in cs.teacher_mix.items():
         got = [plan[s.id] for s, b in zip(samples, budgets, strict=True) if b == k]
@@ -83,7 +83,7 @@ def test_the_teacher_mix_crops_the_needle_or_answers_at_once(
     agent = AgentLoop(engine, renderer, VideoReader(), rollout.agent, rollout.crop)
     cs = instantiate(demo_cfg.cold_start)
     trajs = teacher_trajectories(agent, demo_samples, cs)
-    budgets = [cs.budgets[i % len(cs.budgets)] for i in range(len(demo_samples))]
+    budgets = [cs.frame_budgets[i % len(cs.frame_budgets)] for i in range(len(demo_samples))]
     plan = mixed_plan(demo_samples, budgets, cs)
     assert {"search", "direct"} <= set(plan.values())
     for s, t, k in zip(demo_samples, trajs, budgets, strict=True):
@@ -166,7 +166,7 @@ def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
     weak, para, grpo = prior_arms["weak"], prior_arms["paragrpo"], prior_arms["grpo"]
     assert (weak.prior.steps, weak.prior.tool_share) == (para.prior.steps, 0.0)
     assert (para.prior.steps, para.prior.tool_share) == (140, 0.8)
-    budgets = list(para.prior.budgets)
+    budgets = list(para.prior.frame_budgets)
     assert {k: budgets.count(k) for k in set(budgets)} == {2: 2, 4: 2, 16: 1}
     # the cold start's own schedule (not the demo's 16 warm-up steps), the tower frozen, and
     # half of its examples the prior's corpus

@@ -61,11 +61,13 @@ def test_budget_eval_measures_the_current_weights_not_the_engine_s_older_ones(
 def test_the_cold_start_report_measures_the_cold_started_weights(tiny_qwen3_dir, needle_samples):
     module, agent = _module_and_agent(tiny_qwen3_dir)
     before = module.policy.lm_head.weight.detach().clone()
-    cfg = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), lr=1e-2, report_budgets=(2,))
+    cfg = ColdStartConfig(
+        steps=1, batch_size=2, frame_budgets=(4,), lr=1e-2, report_frame_budgets=(2,)
+    )
     result = cold_start(module, needle_samples[:2], cfg, agent, held_out=needle_samples[2:3])
     assert not torch.equal(before, module.policy.lm_head.weight)  # the cold start trained
     # The "before" table was measured after the engine got the new weights (on the old code the
     # engine still held the pre-cold-start weights here, and was synced only afterwards).
     assert [r.budget for r in result.budget_before] == [2]
     assert _same_weights(agent.engine, module.policy)
-    assert len(result.losses) == 1 and result.report_budgets == (2,)
+    assert len(result.losses) == 1 and result.report_frame_budgets == (2,)

@@ -38,7 +38,7 @@ def test_the_prior_corpus_parses_and_every_call_returns_frames(tiny_qwen3_dir, n
     crop = CropConfig(sample_fps=1.0, max_frames=16)
     engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
     agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl, crop)
-    cfg = PriorConfig(steps=1, tool_share=0.8, budgets=(2, 4, 16))
+    cfg = PriorConfig(steps=1, tool_share=0.8, frame_budgets=(2, 4, 16))
     trajs = prior_trajectories(agent, needle_samples, cfg)
     assert [t.frame_budget for t in trajs] == [2, 4, 16, 2]  # cycled
     tools = [t for t in trajs if t.num_calls]
@@ -72,7 +72,7 @@ def test_the_oracle_corpus_crops_around_the_needle(tiny_qwen3_dir, needle_sample
     crop = CropConfig(sample_fps=1.0, max_frames=16)
     agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl, crop)
     # tool_share 0.5 would leave half the corpus direct: the oracle pass crops every sample
-    cfg = PriorConfig(steps=2, oracle_steps=1, tool_share=0.5, budgets=(2,))
+    cfg = PriorConfig(steps=2, oracle_steps=1, tool_share=0.5, frame_budgets=(2,))
     trajs = prior_trajectories(agent, needle_samples, cfg, oracle=True)
     assert len(trajs) == len(needle_samples)
     for traj in trajs:
@@ -152,7 +152,7 @@ def test_prior_stage_teaches_the_dialect_greedily(tiny, needle_samples):
     # (the tiny vocabulary makes <tool_code> one token, which a random model may emit alone)
     assert not any(prior_call in t for t in texts())
     cfg = PriorConfig(
-        steps=40, tool_share=1.0, lr=5e-3, batch_size=4, budgets=(4,), train_vision=False
+        steps=40, tool_share=1.0, lr=5e-3, batch_size=4, frame_budgets=(4,), train_vision=False
     )
     losses = prior_stage(_Host(model, processor), agent, needle_samples, cfg)
     assert losses[-1] < 0.2 * losses[0]
@@ -168,8 +168,8 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
 
     model, processor = tiny
     agent = _agent(processor, model)
-    prior = PriorConfig(steps=1, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
-    cold = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), eval_limit=1)
+    prior = PriorConfig(steps=1, batch_size=2, frame_budgets=(4,), cache_dir=str(tmp_path))
+    cold = ColdStartConfig(steps=1, batch_size=2, frame_budgets=(4,), eval_limit=1)
     host = _Host(model, processor)
     parts = {"model": {"path": "tiny"}}
     first = prior_then_cold_start(
@@ -191,7 +191,7 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     assert f"cache {entry.name} reused" in again.notes[-1]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in trained.items())
     # another cold start is another entry on the same cached prior
-    longer = ColdStartConfig(steps=2, batch_size=2, budgets=(4,), eval_limit=1)
+    longer = ColdStartConfig(steps=2, batch_size=2, frame_budgets=(4,), eval_limit=1)
     tuned = prior_then_cold_start(
         host, agent, needle_samples, needle_samples[:1], prior, longer,
         {**parts, "cold_start": {"steps": 2}},
@@ -200,7 +200,7 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
     assert f"tool prior: cache {prior_entry.name} reused" in tuned.notes
     assert len(list(tmp_path.iterdir())) == 3
     # another prior strength is another entry (no prior stage: no prior entry)
-    other = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    other = PriorConfig(steps=0, batch_size=2, frame_budgets=(4,), cache_dir=str(tmp_path))
     prior_then_cold_start(host, agent, needle_samples, needle_samples[:1], other, cold, parts)
     assert len(list(tmp_path.iterdir())) == 4
 
@@ -211,8 +211,10 @@ def test_the_cold_start_replays_the_prior_corpus_when_asked(tiny, needle_samples
 
     model, processor = tiny
     agent = _agent(processor, model)
-    prior = PriorConfig(steps=1, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
-    cold = ColdStartConfig(steps=1, batch_size=2, budgets=(4,), eval_limit=1, prior_replay=0.5)
+    prior = PriorConfig(steps=1, batch_size=2, frame_budgets=(4,), cache_dir=str(tmp_path))
+    cold = ColdStartConfig(
+        steps=1, batch_size=2, frame_budgets=(4,), eval_limit=1, prior_replay=0.5
+    )
     result = prior_then_cold_start(
         _Host(model, processor), agent, needle_samples, needle_samples[:1], prior, cold, {}
     )
@@ -221,7 +223,7 @@ def test_the_cold_start_replays_the_prior_corpus_when_asked(tiny, needle_samples
         result.notes
     )
     # without a prior stage there is nothing to replay: a clear error, not a silent no-op
-    none = PriorConfig(steps=0, batch_size=2, budgets=(4,), cache_dir=str(tmp_path))
+    none = PriorConfig(steps=0, batch_size=2, frame_budgets=(4,), cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="replays a tool prior's corpus"):
         prior_then_cold_start(
             _Host(model, processor), agent, needle_samples, needle_samples[:1], none, cold, {}

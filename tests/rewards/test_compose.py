@@ -187,6 +187,28 @@ def test_parsed_calls_and_tool_results_give_r_tool() -> None:
     with pytest.raises(ValueError, match="not both"):
         compute_reward(TOOL, "B", "mcq", calls=[call], num_valid_calls=1)
     assert compute_reward(GOOD, "B", "mcq").tool == 0.0  # no call in the text: 0 is right
+    # The calls without what they returned: R_tool would be 0.1 + 0.5 = 0.6 instead of 0.8.
+    with pytest.raises(ValueError, match="1 valid calls but nothing says what they returned"):
+        compute_reward(TOOL, "B", "mcq", calls=[call])
+    with pytest.raises(ValueError, match="pass tool_results="):
+        compute_reward(TOOL, "B", "mcq", num_valid_calls=1)
+    with pytest.raises(ValueError, match="1 tool responses but no calls"):
+        compute_reward(TOOL, "B", "mcq", tool_results=[done])
+    # No valid call (a malformed one): nothing can have come back, so R_tool 0 needs no results.
+    bad = ParsedCall(0, "{", error="not JSON")
+    assert compute_reward(TOOL, "B", "mcq", calls=[bad]).tool == 0.0
+
+
+@pytest.mark.parametrize("credit", ["think", "answer", "order", "balance"])
+def test_credit_weights_under_the_reference_formula_are_refused(credit) -> None:
+    # The reference formula has its own rules: RewardWeights(think=0, answer=0, order=0,
+    # balance=0) still gave R_fmt 1.0 for GOOD there, without a word.
+    with pytest.raises(ValueError, match=rf"RewardWeights: {credit} set.*ignores them"):
+        RewardWeights(**{credit: 0.0})
+    # Under the credits formula they weigh: all four 0 leave the anchor, clip(0 + 0.5 * 0.7) = 0.35
+    zero = dict.fromkeys(("think", "answer", "order", "balance"), 0.0)
+    weights = RewardWeights(**zero, format_formula="credits")
+    assert compute_reward(GOOD, "B", "mcq", weights=weights).format == pytest.approx(0.35)
 
 
 def test_a_whole_text_as_the_answer_is_refused() -> None:

@@ -295,6 +295,25 @@ def test_cli_writes_data_with_every_knob(tmp_path, capsys):
     assert "wrote 2 train + 1 eval" in capsys.readouterr().out
 
 
+def test_cli_help_shows_every_default_in_the_form_its_option_takes(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    argv = ["--out", str(tmp_path)]
+    for field in dataclasses.fields(NeedleConfig):
+        flag = "--" + field.name.replace("_", "-")
+        found = re.search(rf"{flag} \S+\s+default: (\S+)", shown)
+        assert found, f"{flag} has no default in --help"
+        argv += [flag, found.group(1)]
+    # e.g. "--families color=1.0,order=1.0,ground=1.0", not the refused "(('color', 1.0), ...)";
+    # every shown default given back builds the default config (no videos: 0 + 0 samples)
+    assert "default: color=1.0,order=1.0,ground=1.0" in shown
+    assert main([*argv, "--num-train", "0", "--num-eval", "0"]) == 0
+    saved = json.loads((tmp_path / "config.json").read_text())
+    default = dataclasses.asdict(NeedleConfig(num_train=0, num_eval=0))
+    assert saved == json.loads(json.dumps(default))
+
+
 def test_cli_reports_bad_knobs(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--width", "63"]) == 2
     assert "width and height must be even" in capsys.readouterr().err

@@ -6,8 +6,8 @@ conversation in one `apply_chat_template` call and tokenizes it with the process
 user of the released model would. Wherever the template defines the text, the two must be equal;
 they differ only where `DESIGNED_DIFFERENCES` says, and `official_text` applies exactly those.
 
-This module deliberately does not run the loop or judge a model; tests and `paravt rollout`-style
-tools call it with a finished trajectory.
+This module deliberately does not run the loop or judge a model; test_official_template.py calls
+it with a finished trajectory. It lives with the tests, the only code that uses it.
 """
 
 from __future__ import annotations
