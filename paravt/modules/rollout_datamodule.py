@@ -112,6 +112,7 @@ class RolloutDataModule(PromptDataModule):
             self.rollout.agent,
             self.rollout.crop,
             crop_cache=self.crop_cache,
+            tools=self.rollout.toolbox,
         )
         return self.agent
 
