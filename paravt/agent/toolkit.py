@@ -43,20 +43,25 @@ class Clip:
     window: tuple[float, float]
 
 
+class ToolError(Exception):
+    """Raised by `run` for a call the tool refuses: its message is the model's error text, as
+    is (any other exception becomes "<name> failed: <message>")."""
+
+
 class Video:
     """The sample's own video, as a tool sees it: its facts and frames at a pixel budget."""
 
     def __init__(self, path: str, source: FrameSource, factor: int):
         self.path = path
+        self.factor = factor  # the model's patch x merge: frame sides are multiples of it
         self._source = source
-        self._factor = factor
 
     def info(self) -> VideoInfo:
         return self._source.info(self.path)
 
     def read(self, indices: Sequence[int], max_pixels: int, min_pixels: int = 0) -> Frames:
         """Frames at source `indices`, each resized to at most `max_pixels` on the model's grid."""
-        return self._source.read(self.path, list(indices), max_pixels, self._factor, min_pixels)
+        return self._source.read(self.path, list(indices), max_pixels, self.factor, min_pixels)
 
 
 class VideoTool:
@@ -100,6 +105,8 @@ class VideoTool:
         try:
             out = self.run(dict(call.arguments), Video(video, source, cfg.factor))
             return self._result(out, index)
+        except ToolError as err:
+            return ToolResult(index=index, name=self.name, error=str(err)[:500])
         except Exception as err:  # a tool answers with text, whatever it raised
             return ToolResult(index=index, name=self.name, error=failure_text(self.name, err))
 
@@ -124,10 +131,12 @@ class VideoTool:
         return ToolResult(index=index, name=self.name, frames=clip.frames, window=clip.window)
 
     def _error(self, index: int, got: str, cap: int, unit: str = "characters") -> ToolResult:
-        text = f"{self.name} returned {got}; a result may hold 1 to {cap} {unit}"
-        if unit == "px":
-            text = f"{self.name} returned {got}; a frame may hold at most {cap} px"
-        return ToolResult(index=index, name=self.name, error=text)
+        limit = {
+            "characters": f"at most {cap} characters",
+            "frames": f"a result may hold 1 to {cap} frames",
+            "px": f"a frame may hold at most {cap} px",
+        }[unit]
+        return ToolResult(index=index, name=self.name, error=f"{self.name} returned {got}; {limit}")
 
 
 def tool(
