@@ -37,8 +37,6 @@ def nap(args, video):
 class Hostile(VideoTool):
     """A tool that misbehaves as `kind` says."""
 
-    parameters = {"type": "object", "properties": {}}
-
     def __init__(self, name: str, kind: str, timeout_s: float | None = None):
         self.name, self.kind, self.timeout_s = name, kind, timeout_s
         self.release = threading.Event()
@@ -200,7 +198,7 @@ def test_a_clip_result_keeps_its_window_and_frames_get_their_span(grey_video):
 def test_a_bad_toolbox_is_refused_naming_the_entry():
     with pytest.raises(ValueError, match=r"toolbox\[1\].*two tools are named 'duration'"):
         build_toolbox([duration(), duration()])
-    with pytest.raises(ValueError, match="rollout.toolbox is empty"):
+    with pytest.raises(ValueError, match=r"rollout\.toolbox is empty"):
         build_toolbox([])
     with pytest.raises(ValueError, match=r"toolbox\[0\] \(object\): a tool needs a name"):
         build_toolbox([object()])
