@@ -12,6 +12,7 @@ too long a text all become error texts, never a failed step.
 runs beside `crop_video` on the same thread pool. `build_toolbox` turns the config's list
 (`rollout.toolbox`) into the executor's name -> tool mapping and refuses a bad list.
 
+`toolbox_system` picks the system prompt of a toolbox (the paper's for the default one).
 This module deliberately does not parse calls (paravt.agent.parsing) nor render results
 (paravt.agent.prompts).
 """
@@ -115,14 +116,16 @@ class VideoTool:
             if len(out) > self.max_text_chars:
                 return self._error(index, f"{len(out)} characters of text", self.max_text_chars)
             return ToolResult(index=index, name=self.name, text=out)
-        clip = out if isinstance(out, Clip) else Clip(out, _span(out)) if _is_frames(out) else None
-        if clip is None:
+        if isinstance(out, Frames):
+            out = Clip(out, _span(out))
+        if not isinstance(out, Clip):
             kind = type(out).__name__
             return ToolResult(
                 index=index,
                 name=self.name,
                 error=f"{self.name} failed: it returned a {kind}, not text, Frames or a Clip",
             )
+        clip = out
         count, height, width = (int(n) for n in clip.frames.pixels.shape[:3])
         if count > self.max_frames or count == 0:
             return self._error(index, f"{count} frames", self.max_frames, "frames")
@@ -159,10 +162,6 @@ def tool(
         return cls
 
     return wrap
-
-
-def _is_frames(out: Any) -> bool:
-    return isinstance(out, Frames)
 
 
 def _span(frames: Frames) -> tuple[float, float]:

@@ -22,6 +22,7 @@ from paravt.agent.scripts import call_text
 from paravt.agent.toolkit import build_toolbox, tool, toolbox_system
 from paravt.agent.tools import CropConfig, CropVideoTool, ParallelToolExecutor
 from paravt.agent.zoom import ZoomTool
+from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
@@ -109,6 +110,9 @@ def test_one_turn_mixes_a_clip_a_zoom_and_a_text_and_renders_them(processor, nee
     assert "zoom 4.0s-6.0s, frames at 4.5s, 5.5s:" in rendered
     assert "<tool_response>\n64.0 s\n</tool_response>" in rendered  # a 64 s needle video
     assert traj.num_tool_responses == 3
+    # the rollout guard finds each clip (overview, crop, zoom) and skips the text result
+    spec = VisionSpec.from_processor(processor)
+    assert check_trajectory(traj, spec, decode=processor.tokenizer.decode) == []
 
 
 def write_marked_video(path: Path) -> str:
@@ -168,3 +172,17 @@ def test_zoom_refuses_an_empty_box_or_window_with_a_text(tmp_path):
     assert short.error == "bbox_2d must be 4 numbers [x1, y1, x2, y2], got [1, 2, 3]"
     # clamped to [0, 4] s and the whole frame: 4 frames at 1 fps, capped to zoom's max of 4
     assert clamp.ok and clamp.window == (0.0, 4.0) and len(clamp.frames.indices) == 4
+
+
+def test_a_trained_toolbox_is_recorded_for_evaluate_and_names_its_out_dir():
+    from evaluate import toolbox_identity
+    from paravt.eval.trained_protocol import protocol_of_training
+
+    rollout = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "rollout" / "default.yaml"))
+    default = protocol_of_training({"rollout": rollout})["settings"]
+    assert "rollout.toolbox" not in default  # the default's record is as before
+    assert toolbox_identity(OmegaConf.create({"rollout": rollout})) == {}  # out_dirs resume
+    zoomed = [*rollout["toolbox"], {"_target_": "paravt.agent.zoom.ZoomTool"}]
+    rollout["toolbox"] = zoomed
+    assert protocol_of_training({"rollout": rollout})["settings"]["rollout.toolbox"] == zoomed
+    assert toolbox_identity(OmegaConf.create({"rollout": rollout})) == {"toolbox": zoomed}
