@@ -70,3 +70,16 @@ def test_per_tool_kappa_errors_timeouts_latency_and_frames():
     rewards = [trajectory_reward(t, SAMPLE) for t in trajs]
     overall = rollout_metrics(trajs, rewards)
     assert overall["kappa"] == 2.0 == overall["kappa/crop_video"] + overall["kappa/zoom"]
+
+
+def test_the_rollout_inspector_shows_text_results_timeouts_and_a_line_per_tool():
+    from paravt.run.inspect import format_counters, format_result
+
+    text = ToolResult(2, "duration", text="20.0 s", latency_s=0.01)
+    assert format_result(text) == "[2] duration: 20.0 s"
+    assert format_result(CROP_LATE) == "[0] error (timed out): crop_video timed out"
+    counters = format_counters(rollout(("zoom", ZOOM_OK), ("crop_video", CROP_BAD)))
+    # one call each; crop_video's failed; latencies 0.1 s and 0.4 s
+    assert counters.endswith(
+        "\n  crop_video: 1 calls, errors 100%, 0.10 s each\n  zoom: 1 calls, errors 0%, 0.40 s each"
+    )
