@@ -3,10 +3,10 @@
 A tool is a JSON schema (name, description, parameters) and a `run(args, video)` that gets the
 call's arguments, already checked against the schema, and a `Video`: the SAMPLE's own video
 (the model never names a file; a `video_path` it writes is not opened). `run` returns text
-(`str`), frames (`Frames`, a clip whose timestamps the model is shown; one frame is an image) or
-a `Clip` (frames with the window they cover). Whatever `run` does, the model gets a result or a
-short error text: an exception, a timeout (`timeout_s`), too many frames, too large a frame or
-too long a text all become error texts, never a failed step.
+(`str`), frames (`Frames`, a clip whose timestamps the model is shown) or a `Clip` (frames with
+the window they cover); one frame (an image) is shown as a two-frame clip. Whatever `run` does,
+the model gets a result or a short error text: an exception, a timeout (`timeout_s`), too many
+frames, too large a frame or too long a text all become error texts, never a failed step.
 
 `VideoTool.__call__` is the executor's `Tool` protocol (paravt.agent.tools), so a user's tool
 runs beside `crop_video` on the same thread pool. `build_toolbox` turns the config's list
@@ -20,8 +20,10 @@ This module deliberately does not parse calls (paravt.agent.parsing) nor render 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from paravt.agent.prompts import tools_system_prompt
 from paravt.agent.tools import (
@@ -131,7 +133,8 @@ class VideoTool:
             return self._error(index, f"{count} frames", self.max_frames, "frames")
         if height * width > self.max_pixels:
             return self._error(index, f"frames of {height}x{width} px", self.max_pixels, "px")
-        return ToolResult(index=index, name=self.name, frames=clip.frames, window=clip.window)
+        frames = clip.frames if count > 1 else _doubled(clip.frames)
+        return ToolResult(index=index, name=self.name, frames=frames, window=clip.window)
 
     def _error(self, index: int, got: str, cap: int, unit: str = "characters") -> ToolResult:
         limit = {
@@ -162,6 +165,15 @@ def tool(
         return cls
 
     return wrap
+
+
+def _doubled(frames: Frames) -> Frames:
+    """An image as a two-frame clip: Qwen-VL video patches span 2 frames (the processor pads
+    one frame so on its own; the vLLM engine refuses a one-frame clip)."""
+    pixels = np.concatenate([frames.pixels, frames.pixels])
+    return replace(
+        frames, pixels=pixels, indices=frames.indices * 2, timestamps=frames.timestamps * 2
+    )
 
 
 def _span(frames: Frames) -> tuple[float, float]:

@@ -186,6 +186,10 @@ def test_a_clip_result_keeps_its_window_and_frames_get_their_span(grey_video):
     def later(args, video):
         return Clip(video.read([4, 5], max_pixels=64 * 64), (2.0, 3.0))
 
+    @tool("photo", "One frame.", NO_ARGS)
+    def photo(args, video):
+        return video.read([6], max_pixels=64 * 64)
+
     with executor(first_two(), later()) as ex:
         a, b = ex.run_turn(
             calls(call("first_two") + call("later"), ["first_two", "later"]), grey_video
@@ -193,6 +197,10 @@ def test_a_clip_result_keeps_its_window_and_frames_get_their_span(grey_video):
     # 2 fps: frames 0, 1 are at 0.0 s and 0.5 s; the reader keeps 64x64 (a multiple of 32).
     assert a.window == (0.0, 0.5) and a.frames.pixels.shape == (2, 64, 64, 3)
     assert b.window == (2.0, 3.0) and b.frames.timestamps == (2.0, 2.5)
+    # an image (one frame, here frame 6 at 3.0 s) comes back as a clip of it twice
+    (image,) = executor(photo()).run_turn(calls(call("photo"), ["photo"]), grey_video)
+    assert image.frames.indices == (6, 6) and image.frames.timestamps == (3.0, 3.0)
+    assert image.window == (3.0, 3.0) and image.frames.pixels.shape == (2, 64, 64, 3)
 
 
 def test_a_bad_toolbox_is_refused_naming_the_entry():
