@@ -186,3 +186,29 @@ def test_a_trained_toolbox_is_recorded_for_evaluate_and_names_its_out_dir():
     rollout["toolbox"] = zoomed
     assert protocol_of_training({"rollout": rollout})["settings"]["rollout.toolbox"] == zoomed
     assert toolbox_identity(OmegaConf.create({"rollout": rollout})) == {"toolbox": zoomed}
+
+
+def test_subagent_mode_summarises_every_tool_that_returns_frames(processor, needle_samples):
+    zoom = '{"start_time": 4, "end_time": 6, "bbox_2d": [0, 0, 500, 500]}'
+    turn = (
+        "look</think>\n"
+        + f'<tool_call>{{"name": "zoom", "arguments": {zoom}}}</tool_call>'
+        + '<tool_call>{"name": "duration", "arguments": {}}</tool_call>'
+    )
+
+    def respond(context: str) -> str:
+        if prompts.SUBAGENT_SYSTEM in context:
+            return "a red square"
+        return turn if "<tool_response>" not in context else "done</think>\n<answer>A</answer>"
+
+    engine = ScriptedEngine(processor.tokenizer, respond)
+    tools = [ZoomTool(max_pixels=4096), duration()]
+    loop = AgentLoop(
+        engine, ChatRenderer(processor), VideoReader(), AgentConfig(mode="subagent"), tools=tools
+    )
+    (traj,) = loop.run(needle_samples[:1], [4], 1, GREEDY)
+    zoomed, text = traj.turns[0].results
+    assert zoomed.summary == "a red square" and text.summary is None  # a text needs no summary
+    assert len(traj.sub_trajectories) == 1 and len(traj.visuals) == 1  # the overview only
+    rendered = processor.tokenizer.decode(list(traj.token_ids))
+    assert "zoom 4.0s-6.0s: a red square" in rendered and "64.0 s" in rendered
