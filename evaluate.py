@@ -220,6 +220,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
             max_tokens,
             tools=build_tools(cfg),
         )
+        log.info("agent tools: %s", ", ".join(loop.executor.names))
         try:
             metrics = run_benchmark(
                 benchmark,

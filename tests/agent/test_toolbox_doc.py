@@ -80,7 +80,9 @@ def test_the_doc_tool_runs_in_the_agent_loop(
 
 
 @pytest.mark.slow
-def test_train_py_uses_the_doc_tool_from_the_yaml_file(user_folder, train_py, tiny_run_overrides):
+def test_train_and_evaluate_use_the_doc_tool_from_the_yaml_file(
+    user_folder, train_py, tiny_run_overrides, tiny_qwen3_dir, needle_dir
+):
     env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{user_folder}"}
     out = train_py(
         "--config-dir",
@@ -98,3 +100,23 @@ def test_train_py_uses_the_doc_tool_from_the_yaml_file(user_folder, train_py, ti
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "agent tools: crop_video, brightness" in out.stdout + out.stderr
+    evaluated = train_py(
+        "--config-dir",
+        str(user_folder / "my_conf"),
+        "+tools=brightness",
+        f"model.path={tiny_qwen3_dir}",
+        "model.build_tiny=null",
+        f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+        f"out_dir={user_folder / 'eval'}",
+        f"hydra.run.dir={user_folder / 'eval_hydra'}",
+        "device=cpu",
+        "limit=1",
+        "protocol.frame_budget=4",
+        "rollout.agent.max_rounds=1",
+        "rollout.agent.max_new_tokens=8",
+        script="evaluate.py",
+        cwd=user_folder,
+        env=env,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "agent tools: crop_video, brightness" in evaluated.stdout + evaluated.stderr
