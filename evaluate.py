@@ -117,7 +117,22 @@ def run_identity(cfg: DictConfig, protocol: EvalConfig) -> dict:
         "options": benchmark_options(cfg),
         # a judge changes the open-ended scores (absent without one: older out_dirs resume)
         **judge_identity(cfg),
+        **toolbox_identity(cfg),
     }
+
+
+def toolbox_identity(cfg: DictConfig) -> dict:
+    """Another tool list changes the prompts (absent for the default: older out_dirs resume)."""
+    node = cfg.rollout.get("toolbox")
+    listed = [] if node is None else OmegaConf.to_container(node, resolve=True)
+    default = [{"_target_": "paravt.agent.tools.CropVideoTool"}]
+    return {} if listed in ([], default) else {"toolbox": listed}
+
+
+def build_tools(cfg: DictConfig) -> list | None:
+    """`rollout.toolbox`, instantiated (None: the default `[crop_video]`)."""
+    node = cfg.rollout.get("toolbox")
+    return None if not node else [instantiate(t) for t in node]
 
 
 def judge_identity(cfg: DictConfig) -> dict:
@@ -197,8 +212,15 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     with VideoReader() as source, torch.no_grad():
         max_tokens = getattr(benchmark, "forced_answer_max_tokens", None)
         loop = build_agent_loop(
-            engine, ChatRenderer(processor), source, protocol, benchmark.forced_answer, max_tokens
+            engine,
+            ChatRenderer(processor),
+            source,
+            protocol,
+            benchmark.forced_answer,
+            max_tokens,
+            tools=build_tools(cfg),
         )
+        log.info("agent tools: %s", ", ".join(loop.executor.names))
         try:
             metrics = run_benchmark(
                 benchmark,

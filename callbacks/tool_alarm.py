@@ -5,18 +5,22 @@ tool calls per training rollout at the sampling temperature, falls towards 0) or
 prior's `<tool_code>` tags (tag reversion). After every step the callback reads the step's
 rollouts (`pl_module.last_rollout`) and, when kappa stays below `min_kappa` or the tag-reversion
 share above `max_tag_reversion` for `patience` consecutive steps, logs a warning naming the step
-and the figures (once per episode: it warns again only after a healthy step). It changes
-nothing in training. The counting lives in `AlarmState`, free of Lightning.
+and the figures (once per episode: it warns again only after a healthy step). `tools` names
+the tools whose calls count in kappa (None: every call; e.g. [zoom] watches that the policy
+keeps zooming). It changes nothing in training. The counting lives in `AlarmState`, free of
+Lightning.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
 
 from paravt.rl.metrics import drift_metrics, kappa
+from paravt.types import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,10 @@ class ToolUseAlarm(pl.Callback):
         min_kappa: float | None = 0.2,
         max_tag_reversion: float | None = 0.5,
         patience: int = 5,
+        tools: Sequence[str] | None = None,
     ):
         self.state = AlarmState(min_kappa, max_tag_reversion, patience)
+        self.tools = None if tools is None else frozenset(tools)
         self.warnings: list[str] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -73,9 +79,17 @@ class ToolUseAlarm(pl.Callback):
         if record is None or not record.trajectories:
             return
         trajs = record.trajectories
-        k = kappa([t.num_calls for t in trajs])
+        k = kappa([self.calls(t) for t in trajs])
         reversion = drift_metrics([t.response_text for t in trajs])["drift/tag_reversion"]
         text = self.state.update(record.step, k, reversion)
         if text is not None:
             self.warnings.append(text)
             log.warning(text)
+
+    def calls(self, traj: Trajectory) -> int:
+        """The rollout's calls that count in kappa: all of them, or those of `tools`."""
+        if self.tools is None:
+            return traj.num_calls
+        return sum(
+            c.call is not None and c.call.name in self.tools for t in traj.turns for c in t.calls
+        )

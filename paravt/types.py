@@ -86,8 +86,10 @@ class Frames:
 class ToolResult:
     """The outcome of one call, in the call's position within its turn.
 
-    Exactly one of `frames` (a successful crop) or `error` is set; `summary` is filled in sub-agent
-    mode with the sub-agent's text; `window` is the clamped [start, end] actually cropped.
+    Exactly one of `frames` (a crop or another tool's clip), `text` (a tool's text answer) or
+    `error` is set; `summary` is filled in sub-agent mode with the sub-agent's text; `window` is
+    the clamped [start, end] actually cropped. `latency_s`: the call's run time (0 for a call
+    that never reached its tool); `timed_out`: it ran past its tool's timeout.
     """
 
     index: int
@@ -96,10 +98,13 @@ class ToolResult:
     window: tuple[float, float] | None = None
     error: str | None = None
     summary: str | None = None
+    text: str | None = None
+    latency_s: float = 0.0
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.frames is not None
+        return self.error is None and (self.frames is not None or self.text is not None)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def _differences(cls, values: dict) -> list[str]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     out = []
     for key, value in values.items():
-        if key.startswith("_") or key == "defaults" or isinstance(value, dict):
+        if key.startswith("_") or key in ("defaults", "toolbox") or isinstance(value, dict):
             continue
         assert key in fields, f"{cls.__name__} has no field {key!r} (YAML key)"
         f = fields[key]

@@ -23,7 +23,8 @@ from typing import Any
 from paravt.agent import prompts
 from paravt.agent.parsing import check_dialect, parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
-from paravt.agent.tools import CropCache, CropConfig, ParallelToolExecutor
+from paravt.agent.toolkit import build_toolbox, toolbox_system
+from paravt.agent.tools import CropCache, CropConfig, CropVideoTool, ParallelToolExecutor, Tool
 from paravt.errors import VideoError
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
 from paravt.types import (
@@ -148,10 +149,10 @@ class AgentLoop:
         crop: CropConfig | None = None,
         executor: ParallelToolExecutor | None = None,
         crop_cache: CropCache | None = None,
+        tools: Sequence[Tool] | None = None,
     ):
-        """`crop_cache`: decoded crops shared by the rollouts (ignored with an `executor`)."""
-        from paravt.agent.tools import CropVideoTool
-
+        """`crop_cache`: decoded crops shared by the rollouts (ignored with an `executor`);
+        `tools`: the agent's tools (`rollout.toolbox`; None: `[crop_video]`, the paper's)."""
         self.engine = engine
         self.renderer = renderer
         self.source = source
@@ -159,8 +160,9 @@ class AgentLoop:
         # The crop grid is the model's (patch x merge), read from its processor, never from YAML.
         self.crop = replace(crop or CropConfig(), factor=renderer.frame_factor)
         self.executor = executor or ParallelToolExecutor(
-            {"crop_video": CropVideoTool()}, source, self.crop, crop_cache
+            build_toolbox(tools or (CropVideoTool(),)), source, self.crop, crop_cache
         )
+        self.system = toolbox_system(cfg.system, self.executor.tools)
         self.tokenizer = renderer.tokenizer
         self.end_of_turn = renderer.end_of_turn
 
@@ -288,7 +290,7 @@ class AgentLoop:
         frames = self.source.read(
             sample.video, indices, self.cfg.overview_max_pixels, self.renderer.frame_factor
         )
-        system = self.cfg.system if self.cfg.tools else prompts.NO_TOOL_SYSTEM
+        system = self.system if self.cfg.tools else prompts.NO_TOOL_SYSTEM
         messages = prompts.main_messages(sample, frames.timestamps, info.duration, system)
         prefix = prompts.FORCED_THINK if self.cfg.force_think else ""
         seg = self.renderer.prompt(messages, [frames], prefix)
@@ -336,7 +338,8 @@ class AgentLoop:
         cap = self.crop.max_calls_per_turn  # the one call-cap knob (1: sequential dispatch)
         calls = ()
         if not st.forced and self.cfg.tools:
-            calls = parse_tool_calls(text, max_calls=cap, dialect=self.cfg.tool_dialect)
+            known = self.executor.names
+            calls = parse_tool_calls(text, cap, known, dialect=self.cfg.tool_dialect)
         st.turns.append(Turn(text=text, calls=calls, forced_answer=st.forced))
         if out.finish_reason != "stop":
             st.done, st.finish_reason = True, out.finish_reason

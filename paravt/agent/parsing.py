@@ -66,6 +66,9 @@ ARGUMENT_ALIASES: dict[str, str] = {
     **dict.fromkeys(("video_path", "video", "path"), "video_path"),
 }
 TIME_ARGUMENTS: frozenset[str] = frozenset({"start_time", "end_time"})
+# The built-in tools whose arguments get the aliases and time parsing above; a user's tool gets
+# its arguments as written (its schema checks them: paravt.agent.schema).
+ALIASED_TOOLS: frozenset[str] = frozenset({"crop_video", "zoom"})
 # Positional order of Python-style calls, per tool.
 POSITIONAL_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "crop_video": ("video_path", "start_time", "end_time"),
@@ -306,11 +309,12 @@ def _build_call(
     if name not in known_tools:
         return _unknown_tool(name, number, known_tools)
     arguments: dict[str, Any] = {}
+    aliased = name in ALIASED_TOOLS
     for key, value in pairs:
-        canonical = ARGUMENT_ALIASES.get(key.strip().lower(), key)
+        canonical = ARGUMENT_ALIASES.get(key.strip().lower(), key) if aliased else key
         if canonical in arguments:
             return f"tool call {number}: argument {canonical!r} given twice"
-        if canonical in TIME_ARGUMENTS:
+        if aliased and canonical in TIME_ARGUMENTS:
             seconds = parse_time(value)
             if isinstance(seconds, str):
                 return f"tool call {number}: {canonical} {seconds}"

@@ -83,6 +83,43 @@ def system_prompt(tools: Sequence[Mapping[str, Any]] = (CROP_VIDEO_SCHEMA,)) -> 
     )
 
 
+TOOLS_INTRO = (
+    "You are a video agent. You see a few frames of a long video, each labelled with its time. "
+    "Think inside <think> </think>. To look closer, call the tools, one <tool_call> block per "
+    "call; you may make several calls in one turn and they run in parallel. "
+    "When you know the answer, write it inside <answer> </answer>."
+)
+# The Qwen3-VL chat template's rendering of a `tools` list (paravt/models/templates), after the
+# system text; Qwen2.5-VL's VL template has no tools block, and this is Qwen2.5's own wording.
+TOOLS_BLOCK = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+COMPACT_TOOLS = (
+    "You see a few frames of a video. Think in <think> </think>. To see more, call tools, "
+    "several calls run in parallel: {examples} Then answer in <answer> </answer>."
+)
+
+
+def tools_system_prompt(
+    system: str | None,
+    schemas: Sequence[Mapping[str, Any]],
+    examples: Sequence[Mapping[str, Any]],
+) -> str:
+    """The system prompt of a tool list other than the default `[crop_video]`: `system` None
+    lists the schemas as the chat template renders `tools`; "compact" gives one example call per
+    tool (`examples`: {"name", "arguments"} each); any other text is kept and the list follows."""
+    if system == "compact":
+        calls = " ".join(f"<tool_call>{json.dumps(e)}</tool_call>" for e in examples)
+        return COMPACT_TOOLS.format(examples=calls)
+    text = TOOLS_INTRO if system is None else SYSTEM_PROMPTS.get(system, system)
+    listed = "".join("\n" + json.dumps(s, ensure_ascii=False) for s in schemas)
+    return text + TOOLS_BLOCK.format(tools=listed)
+
+
 def format_times(timestamps: Sequence[float]) -> str:
     return ", ".join(f"{t:.1f}s" for t in timestamps)
 
@@ -127,11 +164,14 @@ def main_messages(
 
 
 def tool_message(result: ToolResult, mode: str) -> dict[str, Any]:
-    """One tool response: an error text, the cropped clip (mode "frames") or a summary."""
+    """One tool response: an error text, a tool's text, the clip (mode "frames") or a summary;
+    a clip is headed by its tool's name and window ("crop_video 30.0s-50.0s")."""
     if not result.ok:
         return {"role": "tool", "content": f"Error: {result.error}"}
+    if result.text is not None:
+        return {"role": "tool", "content": result.text}
     start, end = result.window or (0.0, 0.0)
-    head = f"crop_video {start:.1f}s-{end:.1f}s"
+    head = f"{result.name or 'crop_video'} {start:.1f}s-{end:.1f}s"
     if mode == "subagent":
         return {"role": "tool", "content": f"{head}: {result.summary or ''}"}
     frames = result.frames

@@ -18,6 +18,7 @@ sub-agent summaries (`paravt.agent.subagent`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -25,11 +26,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from paravt.agent.parsing import cap_error, parse_time
+from paravt.agent.schema import check_arguments
 from paravt.types import Frames, ParsedCall, ToolCall, ToolResult
 from paravt.video.sampling import VideoInfo, window_indices
 
@@ -246,6 +248,35 @@ class CropVideoTool:
         return ToolResult(index=index, name=self.name, frames=frames, window=plan.window)
 
 
+def admit(tool: Tool, call: ToolCall, earlier: int) -> str | None:
+    """Why a parsed call of `tool` must not run (the error text for the model), or None.
+
+    `earlier`: the calls of this tool already admitted in the turn (the per-tool cap); the
+    arguments are checked against the tool's `parameters` schema (a `VideoTool`'s; `crop_video`
+    validates its own window, as it always has)."""
+    cap = getattr(tool, "max_calls_per_turn", None)
+    if cap is not None and earlier >= cap:
+        return f"{tool_name(tool)} call ignored: at most {cap} {tool_name(tool)} calls per turn"
+    parameters = getattr(tool, "parameters", None)
+    if isinstance(parameters, Mapping):
+        problem = check_arguments(parameters, call.arguments)
+        if problem is not None:
+            return f"{tool_name(tool)}: {problem}"
+    return None
+
+
+def tool_limits(tool: Tool, cfg: CropConfig) -> tuple[float, int | None]:
+    """(timeout in seconds, concurrency limit or None) of one tool's calls."""
+    timeout = getattr(tool, "timeout_s", None)
+    return (cfg.timeout_s if timeout is None else float(timeout)), getattr(
+        tool, "max_concurrency", None
+    )
+
+
+def tool_name(tool: Tool) -> str:
+    return str(getattr(tool, "name", "") or "")
+
+
 def failure_text(name: str, err: BaseException) -> str:
     """A one-line error text for a failed tool call (a `VideoError` already names the file)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -283,6 +314,7 @@ class _Job:
 
     run: Callable[[], list[ToolResult]]
     slots: tuple[_Slot, ...]
+    gate: threading.BoundedSemaphore | None = None  # the tool's concurrency limit
 
 
 class ParallelToolExecutor:
@@ -321,13 +353,16 @@ class ParallelToolExecutor:
         results: list[list[ToolResult | None]] = [[None] * len(calls) for calls, _ in turns]
         groups: dict[tuple[str, str], list[tuple[_Slot, ToolCall]]] = {}
         jobs: list[_Job] = []
+        gates = self._gates()
         for turn, (calls, video) in enumerate(turns):
+            admitted: dict[str, int] = {}
             for position, parsed in enumerate(calls):
                 slot = _Slot(turn, position, parsed.index, parsed.call.name if parsed.call else "")
-                early = self._early_result(slot, parsed)
+                early = self._early_result(slot, parsed, admitted.get(slot.name, 0))
                 if early is not None:
                     results[turn][position] = early
                     continue
+                admitted[slot.name] = admitted.get(slot.name, 0) + 1
                 tool = self._tools[slot.name]
                 if isinstance(tool, PlannedTool):
                     groups.setdefault((slot.name, video), []).append((slot, parsed.call))
@@ -335,18 +370,40 @@ class ParallelToolExecutor:
                     run = partial(
                         _run_single, tool, parsed.call, video, slot, self._source, self._cfg
                     )
-                    jobs.append(_Job(run, (slot,)))
+                    jobs.append(_Job(run, (slot,), gates.get(slot.name)))
         for (name, video), members in groups.items():
             tool = self._tools[name]
             run = partial(_run_group, tool, video, members, self._source, self._cfg, self.cache)
-            jobs.append(_Job(run, tuple(slot for slot, _ in members)))
-        timed_out = f"timed out after {self._cfg.timeout_s:g} s"
-        for job, outcome in zip(jobs, self._gather([job.run for job in jobs]), strict=True):
+            jobs.append(_Job(run, tuple(slot for slot, _ in members), gates.get(name)))
+        for job, (outcome, seconds) in zip(jobs, self._gather(jobs), strict=True):
             for k, slot in enumerate(job.slots):
-                results[slot.turn][slot.position] = (
-                    outcome[k] if outcome is not None else _error(slot, f"{slot.name} {timed_out}")
-                )
+                if outcome is None:
+                    timeout = tool_limits(self._tools[slot.name], self._cfg)[0]
+                    text = f"{slot.name} timed out after {timeout:g} s"
+                    found = replace(_error(slot, text), timed_out=True)
+                else:
+                    found = outcome[k]
+                results[slot.turn][slot.position] = replace(found, latency_s=seconds)
         return [tuple(r for r in turn if r is not None) for turn in results]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tools' names, in configuration order (the parser's known tools)."""
+        return tuple(self._tools)
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        return dict(self._tools)
+
+    def _gates(self) -> dict[str, threading.BoundedSemaphore]:
+        """A fresh semaphore per tool with a concurrency limit, for one round (a call that hung
+        in an earlier round keeps no slot of this one)."""
+        out = {}
+        for name, tool in self._tools.items():
+            limit = tool_limits(tool, self._cfg)[1]
+            if limit is not None:
+                out[name] = threading.BoundedSemaphore(limit)
+        return out
 
     def close(self) -> None:
         with self._pool_lock:
@@ -360,8 +417,9 @@ class ParallelToolExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _early_result(self, slot: _Slot, parsed: ParsedCall) -> ToolResult | None:
-        """The result of a call that never reaches a tool (over the cap, unparsed, unknown)."""
+    def _early_result(self, slot: _Slot, parsed: ParsedCall, earlier: int) -> ToolResult | None:
+        """The result of a call that never reaches a tool (over a cap, unparsed, unknown, or
+        its arguments break the tool's schema); `earlier`: calls of its tool admitted before."""
         cap = self._cfg.max_calls_per_turn
         if slot.position >= cap:
             return _error(slot, cap_error(slot.position, cap))
@@ -370,16 +428,22 @@ class ParallelToolExecutor:
         if slot.name not in self._tools:
             known = ", ".join(sorted(self._tools)) or "none"
             return _error(slot, f"unknown tool {slot.name!r}; known tools: {known}")
-        return None
+        refused = admit(self._tools[slot.name], parsed.call, earlier)
+        return None if refused is None else _error(slot, f"tool call {slot.index + 1}: {refused}")
 
-    def _gather(self, jobs: Sequence[Callable[[], list[ToolResult]]]) -> list[Any]:
-        """Each job's results, or None for a job that ran (or waited) past the timeout."""
-        timeout = self._cfg.timeout_s
+    def _gather(self, jobs: Sequence[_Job]) -> list[tuple[Any, float]]:
+        """Each job's (results, seconds it ran), results None for a job that ran (or waited)
+        past its tools' timeout."""
+        timeouts = [max(tool_limits(self._tools[j.slots[0].name], self._cfg)[0], 0) for j in jobs]
         started: list[float | None] = [None] * len(jobs)
+        ran = [0.0] * len(jobs)
 
         def launch(i: int) -> list[ToolResult]:
-            started[i] = time.monotonic()
-            return jobs[i]()
+            with jobs[i].gate or contextlib.nullcontext():
+                started[i] = time.monotonic()
+                out = jobs[i].run()
+                ran[i] = time.monotonic() - started[i]
+                return out
 
         pool = self._get_pool()
         pending: dict[int, Future[list[ToolResult]]] = {
@@ -388,7 +452,7 @@ class ParallelToolExecutor:
         outcomes: list[Any] = [None] * len(jobs)
         progress, seen_started, timed_out = time.monotonic(), 0, False
         while pending:
-            wait(pending.values(), timeout=min(_POLL_S, timeout), return_when=FIRST_COMPLETED)
+            wait(pending.values(), timeout=_POLL_S, return_when=FIRST_COMPLETED)
             now = time.monotonic()
             if (count := sum(s is not None for s in started)) != seen_started:
                 progress, seen_started = now, count
@@ -396,13 +460,13 @@ class ParallelToolExecutor:
                 if future.done():
                     outcomes[i], progress = future.result(), now
                     del pending[i]
-                elif _overdue(started[i], progress, now, timeout):
+                elif _overdue(started[i], progress, now, timeouts[i]):
                     future.cancel()
                     del pending[i]
-                    timed_out = True
+                    ran[i], timed_out = timeouts[i], True
         if timed_out:
             self.close()  # the stuck workers are abandoned; the next round gets a fresh pool
-        return outcomes
+        return list(zip(outcomes, ran, strict=True))
 
     def _get_pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:

@@ -65,7 +65,9 @@ def build_agent_loop(
     cfg: EvalConfig,
     forced_answer: str,
     forced_answer_max_tokens: int | None = None,
+    tools=None,
 ) -> AgentLoop:
-    """An `AgentLoop` set up for the protocol `cfg` and a benchmark's forced-answer message."""
+    """An `AgentLoop` set up for the protocol `cfg` and a benchmark's forced-answer message;
+    `tools`: `rollout.toolbox`, instantiated (None: `[crop_video]`)."""
     agent = agent_config(cfg, forced_answer, forced_answer_max_tokens)
-    return AgentLoop(engine, renderer, source, agent, cfg.crop)
+    return AgentLoop(engine, renderer, source, agent, cfg.crop, tools=tools)

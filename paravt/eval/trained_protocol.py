@@ -49,6 +49,9 @@ def protocol_of_training(cfg: Mapping[str, Any]) -> dict[str, Any]:
     settings = {f"rollout.agent.{k}": rollout["agent"][k] for k in AGENT_KEYS}
     settings |= {f"rollout.crop.{k}": rollout["crop"][k] for k in CROP_KEYS}
     settings["rollout.crop.max_calls_per_turn"] = rollout["crop"]["max_calls_per_turn"]
+    toolbox = rollout.get("toolbox")
+    if toolbox and toolbox != [{"_target_": "paravt.agent.tools.CropVideoTool"}]:
+        settings["rollout.toolbox"] = toolbox  # the default's record stays as it was
     gating = (cfg.get("callbacks") or {}).get("frame_budget_gating") or {}
     budgets = [int(b) for b in gating.get("frame_budgets") or [rollout["frame_budget"]]]
     settings["protocol.frame_budget"] = max(budgets)  # the largest budget trained on

@@ -109,6 +109,7 @@ class AsyncRollouts:
             skip_bad_videos=not datamodule.fail_fast,
             device=generator_device(getattr(module, "device", "cpu")),  # rank 0's GPU, if any
             partial=cfg.partial,
+            tools=tuple(cfg.toolbox),
         )
         self.generator = AsyncGenerator(spec, self.weights, max_pending=cfg.max_staleness + 1)
         if mine and mine != all_cores:

@@ -53,6 +53,7 @@ class GeneratorSpec:
     skip_bad_videos: bool = True
     device: str = "cpu"  # the trainer rank's device (`generator_device`)
     partial: bool = False  # rollout.partial: steps in flight together (modules/partial_rollouts)
+    tools: tuple = ()  # rollout.toolbox (empty: the default [crop_video])
 
 
 class _Outbox:
@@ -173,7 +174,9 @@ def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
     version = weights.load_into(model, everything=True)
     engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
     WeightSync.changed(engine, model, version)  # the shared copy's weights, not the path's
-    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop)
+    agent = AgentLoop(
+        engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop, tools=spec.tools
+    )
     return model, engine, agent
 
 

@@ -7,10 +7,13 @@ built, and importing `paravt.modules.rollout_datamodule` would import Lightning 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from paravt.agent.loop import AgentConfig
-from paravt.agent.tools import CropConfig
+from paravt.agent.toolkit import build_toolbox
+from paravt.agent.tools import CropConfig, CropVideoTool
 from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig
 from paravt.rollout.factory import check_engine_name
@@ -64,9 +67,13 @@ class RolloutConfig:
     consistency: str = "warn"
     # Compute each video once per step: vision features and crops shared by the G rollouts.
     vision_cache: VisionCacheConfig = field(default_factory=VisionCacheConfig)
+    # The agent's tools, instantiated from `rollout.toolbox` (docs/reuse.md, "Your own tools").
+    toolbox: Sequence[Any] = field(default_factory=lambda: (CropVideoTool(),))
 
     def __post_init__(self) -> None:
         check_consistency_mode(self.consistency)
+        object.__setattr__(self, "toolbox", tuple(self.toolbox))  # Hydra gives a ListConfig
+        build_toolbox(self.toolbox)  # a bad list fails when the config is checked
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)

@@ -112,7 +112,9 @@ class RolloutDataModule(PromptDataModule):
             self.rollout.agent,
             self.rollout.crop,
             crop_cache=self.crop_cache,
+            tools=self.rollout.toolbox,
         )
+        log.info("agent tools: %s", ", ".join(self.agent.executor.names))
         return self.agent
 
     def _build_engine(self, module: RolloutPolicy) -> RolloutEngine:

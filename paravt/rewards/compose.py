@@ -44,15 +44,25 @@ class RewardWeights:
     # second formula (credit weights above, clip to [0, 1]); "mean": its first, unclipped one.
     format_formula: str = "reference"
     answer_suffix: bool = True  # reference formula: the recipe's answer-suffix credits
+    # The tools whose calls earn R_tool (call and response credits, correctness bonus); None:
+    # every tool of the toolbox (the default [crop_video]: the paper's rule on crop_video).
+    rewarded_tools: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.rewarded_tools is not None:
+            names = tuple(self.rewarded_tools)  # Hydra gives a ListConfig
+            if not all(isinstance(n, str) and n for n in names):
+                raise ValueError(
+                    f"RewardWeights.rewarded_tools must be tool names or null, got {names!r}"
+                )
+            object.__setattr__(self, "rewarded_tools", names)
         if self.format_formula not in FORMULAS:
             raise ValueError(
                 f"RewardWeights.format_formula must be one of {', '.join(FORMULAS)}, "
                 f"got {self.format_formula!r}"
             )
         for f in fields(self):
-            if f.name == "format_formula":
+            if f.name in ("format_formula", "rewarded_tools"):
                 continue
             if f.name == "answer_suffix":
                 if not isinstance(self.answer_suffix, bool):
@@ -211,14 +221,20 @@ def is_well_formed(reward: RewardBreakdown) -> bool:
 def trajectory_reward(
     traj: Trajectory, sample: Sample, weights: RewardWeights = RewardWeights(), **kwargs
 ) -> RewardBreakdown:
-    """`compute_reward` of a rollout for its sample (text of all turns, its tool counters)."""
+    """`compute_reward` of a rollout for its sample (text of all turns, its tool counters; with
+    `weights.rewarded_tools`, the calls and responses of those tools only)."""
+    calls, responses = traj.num_valid_calls, traj.num_tool_responses
+    if weights.rewarded_tools is not None:
+        named = set(weights.rewarded_tools)
+        calls = sum(c.ok and c.call.name in named for t in traj.turns for c in t.calls)
+        responses = sum(r.ok and r.name in named for t in traj.turns for r in t.results)
     return compute_reward(
         traj.response_text,
         sample.answer,
         sample.question_type,
         options=sample.options,
-        num_valid_calls=traj.num_valid_calls,
-        num_tool_responses=traj.num_tool_responses,
+        num_valid_calls=calls,
+        num_tool_responses=responses,
         weights=weights,
         **kwargs,
     )

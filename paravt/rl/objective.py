@@ -31,6 +31,7 @@ from paravt.rl.metrics import (
     ruler_format,
     tag_reversion,
 )
+from paravt.rl.tool_metrics import tool_metrics
 from paravt.types import RewardBreakdown, Trajectory
 
 
@@ -125,5 +126,6 @@ def rollout_metrics(
         "rollout/reversions": sum(reversions(t) for t in trajs) / n,
         "rollout/valid_call_share": sum(t.num_valid_calls for t in trajs) / max(calls.sum(), 1),
         **drift_metrics([t.response_text for t in trajs]),
+        **tool_metrics(trajs),
     }
     return {k: float(v) for k, v in out.items()}

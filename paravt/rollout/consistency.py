@@ -103,7 +103,7 @@ def expected_slots(traj: Trajectory) -> list[_Slot]:
         return []
     slots = [_Slot(0, None, None, traj.visuals[0].frames)]
     for k, turn in enumerate(traj.turns, start=1):
-        shown = [r for r in turn.results if r.ok and r.summary is None]
+        shown = [r for r in turn.results if r.ok and r.frames is not None and r.summary is None]
         slots += [_Slot(k, r.index, r.window, r.frames) for r in shown]
     # A turn whose responses would pass max_total_tokens is not appended (truncated).
     last = traj.turns[-1] if traj.turns else None

@@ -127,7 +127,10 @@ def teacher_trajectories(
         per_turn = agent.crop.max_calls_per_turn  # the loop's cap: 1 is sequential dispatch
         respond = needle_teacher(part, cfg.strategy, plan, per_turn)
         engine = ScriptedEngine(agent.tokenizer, respond)
-        teacher = AgentLoop(engine, agent.renderer, agent.source, agent.cfg, agent.crop)
+        tools = list(agent.executor.tools.values())  # the RL prompt's toolbox
+        teacher = AgentLoop(
+            engine, agent.renderer, agent.source, agent.cfg, agent.crop, tools=tools
+        )
         trajs = teacher.run(part, [budgets[i] for i in batch], 1, SamplingParams(greedy=True))
         for i, traj in zip(batch, trajs, strict=True):
             out[i] = traj

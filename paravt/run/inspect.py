@@ -23,6 +23,7 @@ from paravt.agent.loop import MODES, AgentConfig
 from paravt.agent.prompts import format_times
 from paravt.agent.tools import CropConfig
 from paravt.rewards.accuracy import extract_answer
+from paravt.rl.tool_metrics import tool_metrics
 from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory, Turn
 
 PROG = "paravt rollout"
@@ -113,8 +114,11 @@ def format_call(call: ParsedCall) -> str:
 
 
 def format_result(result: ToolResult) -> str:
-    if not result.ok or result.frames is None:
-        return f"[{result.index}] error: {result.error}"
+    if not result.ok:
+        late = " (timed out)" if result.timed_out else ""
+        return f"[{result.index}] error{late}: {result.error}"
+    if result.frames is None:
+        return f"[{result.index}] {result.name}: {_squeeze(result.text or '', 400)}"
     start, end = result.window or (0.0, 0.0)
     frames = result.frames
     line = (
@@ -161,6 +165,14 @@ def format_counters(traj: Trajectory) -> str:
         f"tool responses {traj.num_tool_responses}, rounds {traj.num_rounds}, "
         f"truncated {'yes' if traj.truncated else 'no'}, finish {traj.finish_reason}"
     )
+    per_tool = tool_metrics([traj])
+    names = sorted(k.removeprefix("kappa/") for k in per_tool if k.startswith("kappa/"))
+    if len(names) > 1:  # one line per tool once several were called
+        line += "".join(
+            f"\n  {n}: {per_tool[f'kappa/{n}']:g} calls, errors "
+            f"{per_tool[f'tool/{n}/errors']:.0%}, {per_tool[f'tool/{n}/latency_s']:.2f} s each"
+            for n in names
+        )
     if traj.sub_trajectories:
         trained = sum(s.num_trained_tokens for s in traj.sub_trajectories)
         line += f"\n  sub-agents: {len(traj.sub_trajectories)} runs, {trained} trained tokens"

@@ -134,7 +134,10 @@ def prior_trajectories(
     for group in distinct_question_batches(samples):
         part = [samples[i] for i in group]
         engine = ScriptedEngine(agent.tokenizer, prior_teacher(part, plan))
-        teacher = AgentLoop(engine, agent.renderer, agent.source, stage.cfg, agent.crop)
+        tools = list(agent.executor.tools.values())  # the RL prompt's toolbox
+        teacher = AgentLoop(
+            engine, agent.renderer, agent.source, stage.cfg, agent.crop, tools=tools
+        )
         out += teacher.run(part, [budgets[i] for i in group], 1, SamplingParams(greedy=True))
     return out
 
@@ -143,7 +146,8 @@ def stage_agent(agent: AgentLoop, dialect: str) -> AgentLoop:
     """`agent` with the stages' pinned fields (`STAGE_AGENT`) and `dialect`: same engine,
     renderer, frame source and crops."""
     cfg = replace(agent.cfg, **STAGE_AGENT, tool_dialect=dialect)
-    return AgentLoop(agent.engine, agent.renderer, agent.source, cfg, agent.crop)
+    tools = list(agent.executor.tools.values())
+    return AgentLoop(agent.engine, agent.renderer, agent.source, cfg, agent.crop, tools=tools)
 
 
 def stage_key(agent_cfg: dict) -> dict:

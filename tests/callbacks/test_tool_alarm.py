@@ -36,3 +36,17 @@ def test_the_callback_warns_in_a_real_trainer(toy, tmp_path, caplog):
         "docs/training.md, 'Rollout guards')"
     ]
     assert alarm.warnings[0] in caplog.text
+
+
+def test_the_alarm_can_watch_one_tool():
+    from paravt.types import ParsedCall, ToolCall, Trajectory, Turn
+
+    calls = tuple(
+        ParsedCall(i, "<tool_call>", call=ToolCall(n, {})) for i, n in enumerate(["crop_video"] * 2)
+    )
+    traj = Trajectory(
+        "s", 0, (1,), (1,), (0.0,), (), 0, turns=(Turn("x", calls=calls),), num_calls=2
+    )
+    # two crop_video calls: kappa 2 overall, 0 for zoom (the policy stopped zooming)
+    assert ToolUseAlarm().calls(traj) == 2
+    assert ToolUseAlarm(tools=["zoom"]).calls(traj) == 0

@@ -54,8 +54,10 @@ def test_weights_scale_each_term() -> None:
 def test_weights_are_plain_frozen_values() -> None:
     weights = RewardWeights()
     assert all(
-        isinstance(getattr(weights, f.name), (int, float, str)) for f in dataclasses.fields(weights)
+        isinstance(getattr(weights, f.name), (int, float, str, type(None)))
+        for f in dataclasses.fields(weights)
     )
+    assert RewardWeights(rewarded_tools=["zoom"]).rewarded_tools == ("zoom",)  # a tuple
     with pytest.raises(dataclasses.FrozenInstanceError):
         weights.format_weight = 2.0  # type: ignore[misc]
     with pytest.raises(ValueError, match=r"RewardWeights\.tool_weight must be a finite number"):
