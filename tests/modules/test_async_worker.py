@@ -158,7 +158,7 @@ def test_the_child_environment_drops_the_launch_and_narrows_to_one_gpu():
         "cuda:0",
     )
     assert standalone_env(launched, "cpu") == ({"PATH": "/bin"}, "cpu")
-    with pytest.raises(ValueError, match="cuda:2 is not among CUDA_VISIBLE_DEVICES=4,5"):
+    with pytest.raises(ValueError, match="GPU 2 is not among CUDA_VISIBLE_DEVICES=4,5"):
         standalone_env({"CUDA_VISIBLE_DEVICES": "4,5"}, "cuda:2")
 
 
