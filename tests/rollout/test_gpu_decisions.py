@@ -94,3 +94,15 @@ def test_server_gpus_map_through_the_inherited_visible_devices():
     assert server_env(LAUNCHED, cfg, (2, 3))["CUDA_VISIBLE_DEVICES"] == "2,3"  # none inherited
     with pytest.raises(ValueError, match="GPU 4 is not among CUDA_VISIBLE_DEVICES=4,5"):
         visible_gpus({"CUDA_VISIBLE_DEVICES": "4,5"}, [4])
+
+
+def test_fsdp_computes_in_bf16_on_cuda():
+    """`mixed_precision`'s GPU side: bf16 compute, fp32 gradient reduction (a plain choice of
+    dtypes, taken here without CUDA)."""
+    import torch
+
+    from paravt.parallel.fsdp import mixed_precision
+
+    gpu = mixed_precision("cuda")
+    assert (gpu.param_dtype, gpu.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert mixed_precision("cpu").param_dtype is None  # fp32 throughout
