@@ -123,6 +123,8 @@ class RolloutDataModule(PromptDataModule):
             model_path=module.model_path,
             share_weights=self.rollout.max_staleness == 0 or on_meta(module.policy),
         )
+        if self.rollout.mode == "async" and hasattr(engine, "leave_nccl_to_generator"):
+            engine.leave_nccl_to_generator()  # one NCCL sender per server: the generator's
         self._vision_models = self.install_feature_caches(module, getattr(engine, "model", None))
         return engine
 
