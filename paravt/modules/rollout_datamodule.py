@@ -345,12 +345,13 @@ class RolloutDataModule(PromptDataModule):
             ) from error
 
     def _settled(self, run: Callable[[], AgentRun]) -> AgentRun:
-        """`run()`; with an engine the trainer's ranks share (rollout servers), every rank then
-        learns whether any rank's rollouts failed and all raise together (`settle`): a rank
-        that went on would wait for ever in the training step's collectives."""
-        settle = getattr(self.engine, "settle", None)
-        if settle is None:
-            return run()
+        """`run()`; then every rank learns whether any rank's rollouts failed and all raise
+        together: a rank that went on would wait in the training step's collectives until
+        NCCL's timeout. Rollout servers' `settle` also pools what the servers said of their
+        versions; every other engine (each rank's own, e.g. in-process vLLM) `settle_ranks`."""
+        from paravt.parallel.collectives import settle_ranks
+
+        settle = getattr(self.engine, "settle", None) or settle_ranks
         try:
             out = run()
         except Exception as error:
