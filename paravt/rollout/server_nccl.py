@@ -440,15 +440,15 @@ class NcclReceiver:
         self._check_enabled()
         info = body["init_info"]
         where = f"{info.get('master_address')}:{info.get('master_port')}"
-        if self.group is not None:
-            raise ValueError(
-                f"this rollout server already joined the weight-transfer group of {self.group}; "
-                f"refusing a second sender ({where}): one NCCL sender per server, or "
-                f"{ROUTE}/shutdown first"
-            )
-        with self.service.lock:
+        with self.service.lock:  # checked and joined under it: two inits at once join one
+            if self.group is not None:
+                raise ValueError(
+                    f"this rollout server already joined the weight-transfer group of "
+                    f"{self.group}; refusing a second sender ({where}): one NCCL sender per "
+                    f"server, or {ROUTE}/shutdown first"
+                )
             self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
-        self.group = where
+            self.group = where
         return {"ok": True}
 
     def start(self, body: dict) -> dict:
