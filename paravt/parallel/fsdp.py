@@ -213,22 +213,29 @@ def load_checkpoint(path: str | Path, model, optimizer) -> dict:
     return torch.load(Path(path) / EXTRA_FILE, weights_only=False)
 
 
-def export_hf(model, processor, path: str | Path) -> None:
+def export_hf(model, processor, path: str | Path, dtype: str | None = None) -> None:
     """One full HF checkpoint of `model` (with its processor), loadable by transformers and vLLM.
-    A sharded model is gathered (every rank must call this) and written by rank 0."""
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        model.save_pretrained(str(path))
-        if processor is not None:
-            processor.save_pretrained(str(path))
-        return
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if not _dist() or dist.get_rank() == 0:
+    A sharded model is gathered (every rank must call this) and written by rank 0. `dtype`: the
+    dtype the weights and config.json are written in, the one the policy was loaded in
+    (`PolicySpec.dtype`), not the fp32 masters FSDP trains (35 GB instead of 17 for 8B, and
+    `serve-rollout --dtype auto` would then serve fp32); None: the parameters' own."""
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    if sharded:
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=opts)
+    else:
+        full = model.state_dict()
+    if not _dist() or dist.get_rank() == 0 or not sharded:
+        cast = getattr(torch, dtype) if dtype else None
+        if cast is not None:
+            full = {k: v.to(cast) if v.is_floating_point() else v for k, v in full.items()}
         model.save_pretrained(str(path), state_dict=full)
+        if cast is not None:  # save_pretrained writes the parameters' dtype into config.json
+            model.config.dtype = dtype
+            model.config.save_pretrained(str(path))
         if processor is not None:
             processor.save_pretrained(str(path))
-    if _dist():
+    if sharded and _dist():
         dist.barrier()
 
 

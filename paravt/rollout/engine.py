@@ -117,8 +117,9 @@ class EngineConfig:
     seed: int = 0
     # vllm_server only (paravt.rollout.server_client): running servers' URLs, or none to start
     # `num_servers` with `server_python` ("auto": this interpreter if it has vLLM, else
-    # .venv-vllm's) on the GPU ids `devices` (num_servers x tensor_parallel_size of them, none of
-    # the trainer's; empty: inherit); `sync_dir`: where full checkpoints go ("": /dev/shm).
+    # .venv-vllm's) on the GPUs `devices` (num_servers x tensor_parallel_size of them, none of
+    # the trainer's; numbered as the trainer sees them, i.e. within its CUDA_VISIBLE_DEVICES;
+    # empty: inherit); `sync_dir`: where full checkpoints go ("": /dev/shm).
     server_urls: tuple[str, ...] = ()
     num_servers: int = 1
     devices: tuple[int, ...] = ()
@@ -160,10 +161,12 @@ class EngineConfig:
                 f"{self.weight_transfer!r}"
             )
 
-    def server_gpus(self, i: int) -> str | None:
-        """CUDA_VISIBLE_DEVICES of started server `i`: its tensor_parallel_size ids of `devices`
-        in order; None (inherit) when `devices` is empty."""
+    def server_gpus(self, i: int) -> tuple[int, ...] | None:
+        """The GPUs of started server `i`, as the trainer's process counts them (`cuda:k`; the
+        server's CUDA_VISIBLE_DEVICES maps them through the trainer's own,
+        `paravt.rollout.server_launch.server_env`): its tensor_parallel_size ids of `devices` in
+        order; None (inherit) when `devices` is empty."""
         if not self.devices:
             return None
         tp = self.tensor_parallel_size
-        return ",".join(str(d) for d in self.devices[i * tp : (i + 1) * tp])
+        return self.devices[i * tp : (i + 1) * tp]

@@ -243,7 +243,8 @@ def build_engine_from_args(args: argparse.Namespace):
         weight_transfer=args.weight_transfer,  # nccl: paravt.rollout.server_nccl's routes
     )
     processor = AutoProcessor.from_pretrained(args.model)
-    return VLLMEngine.from_model(cfg, None, processor, model_path=args.model)
+    # world=1: a standalone engine, never the external launcher of a launch it may sit in
+    return VLLMEngine.from_model(cfg, None, processor, model_path=args.model, world=1)
 
 
 def main(argv: list[str] | None = None) -> int:

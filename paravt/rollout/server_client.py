@@ -139,6 +139,13 @@ class ServerEngine:
         self._version = -1 if self._force else min(versions)
         self._floor = dict(zip(self.urls, versions, strict=True))  # what each last reported
 
+    def leave_nccl_to_generator(self) -> None:
+        """With rollout.mode=async the generator's engine (`child_config`, the same servers) is
+        each server's one NCCL sender; this, the trainer's engine, then syncs by checkpoint (a
+        held-out evaluation, a too-stale step): a second sender's group would orphan the
+        generator's and hang both (issue 50, finding 2)."""
+        self._nccl = None
+
     @property
     def lead(self) -> bool:
         """Whether this process writes checkpoints and drives the servers' reload (rank 0)."""

@@ -3,8 +3,12 @@
 Each server is a child process in its own session, run by the configured interpreter (one with
 vLLM: on a CPU .venv-vllm's, while the trainer runs in .venv), importing this same paravt. It
 binds any free port and writes it to a file, so nothing races for ports; `start` waits for its
-/health. Servers never outlive the trainer: each watches its parent and exits when it is gone,
-and `stop` (also run at exit) ends the whole session with SIGTERM, then SIGKILL.
+/health. A server is no rank of the trainer's launch: its environment drops the launcher's
+variables (Lightning's WORLD_SIZE / MASTER_PORT would make vLLM take the external launcher and
+bind the trainer's port: EADDRINUSE) and maps its GPUs through the trainer's
+CUDA_VISIBLE_DEVICES (`server_env`). Servers never outlive the trainer: each watches its parent
+and exits when it is gone, and `stop` (also run at exit) ends the whole session with SIGTERM,
+then SIGKILL.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import paravt
 from paravt.errors import UserError
+from paravt.parallel.placement import visible_gpus, without_launch_vars
 
 # vLLM's CPU backend on a small shared machine (paravt.rollout.vllm.CPU_ENV).
 SERVER_ENV = {
@@ -136,26 +142,37 @@ def _wait_port(server: subprocess.Popen, port_file: Path, log: Path, deadline: f
     return int(port_file.read_text())
 
 
+def server_env(
+    environ: Mapping[str, str], cfg, devices: Sequence[int] | None = None
+) -> dict[str, str]:
+    """A server's environment: `environ` less the launcher's variables, the CPU backend's
+    variables, and for `devices` (GPUs as this process numbers them) CUDA_VISIBLE_DEVICES mapped
+    through this process's own. PARAVT_ASSUME_GPU passes on (`paravt.parallel.placement`)."""
+    env = without_launch_vars(environ) | SERVER_ENV
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gb)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus(environ, devices)
+    # The server imports this same paravt (a source checkout or an install).
+    src = str(Path(paravt.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def start_server(
     model_dir: str,
     cfg,
     python: str,
     log_dir: str | None = None,
     timeout_s: float = 600,
-    devices: str | None = None,
+    devices: Sequence[int] | None = None,
 ) -> ServerProcess:
     """Start one server on `model_dir` and wait until its /health answers 200; `devices`: its
-    CUDA_VISIBLE_DEVICES (e.g. "7"), None to inherit this process's."""
+    GPUs as this process numbers them (`server_env`), None to inherit this process's."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="paravt_servers_"))
     log_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="server_", dir=log_dir))
     log, port_file = work / "server.log", work / "port"
-    env = os.environ | SERVER_ENV | {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gb)}
-    if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices
-    # The server imports this same paravt (a source checkout or an install).
-    src = str(Path(paravt.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    env = server_env(os.environ, cfg, devices)
     with log.open("w") as out:
         process = subprocess.Popen(
             server_argv(python, model_dir, cfg, str(port_file)),

@@ -70,14 +70,15 @@ def check_mode(mode: str) -> None:
 
 
 def check_cuda(mode: str, cuda: bool | None = None) -> None:
-    """Refuse `nccl` where there is no CUDA device (on the trainer and on each server)."""
+    """Refuse `nccl` where there is no CUDA device (on the trainer and on each server); `cuda`
+    None: `paravt.parallel.placement.gpu_placement` (PARAVT_ASSUME_GPU=1 takes the GPU side)."""
     check_mode(mode)
     if mode != "nccl":
         return
     if cuda is None:
-        import torch
+        from paravt.parallel.placement import gpu_placement
 
-        cuda = torch.cuda.is_available()
+        cuda = gpu_placement()
     if not cuda:
         raise UserError(
             "rollout.engine.weight_transfer=nccl needs CUDA GPUs on the trainer and on the "
@@ -260,6 +261,17 @@ class ServersClient:
     def shutdown_weight_transfer_engine(self) -> None:
         self._all("shutdown", lambda i: {})
 
+    def check_free(self) -> None:
+        """Refuse to open a group while a server is in another sender's (`NcclReceiver.init`
+        would refuse it too, but only after this side waits at the rendezvous)."""
+        for url, got in self._all("group", lambda i: {}).items():
+            if got.get("joined"):
+                raise UserError(
+                    f"rollout server {url} is already in another sender's weight-transfer "
+                    f"group ({got['joined']}): one NCCL sender per server (with rollout.mode="
+                    "async the generator's; the trainer's own syncs write a checkpoint)"
+                )
+
 
 def check_servers(engine, meta: Sequence[ParamMeta]) -> None:
     """Refuse `meta` unless every server's model expects it (`check_metadata` against its
@@ -331,6 +343,10 @@ class NcclSender:
     def _engine(self, policy):
         """vLLM's trainer engine over a source of `policy`'s weights (rendezvous at the first
         sync: rank 0 opens the group, the servers' workers join it)."""
+        from paravt.parallel.collectives import on_rank0
+
+        if self.transfer is None:
+            on_rank0(self.client.check_free)  # every rank raises if one server is taken
         init_info_cls, engine_cls = import_vllm_trainer_engine()
         source = self._source(policy)
         if self.transfer is None:
@@ -393,10 +409,12 @@ class NcclReceiver:
         self.steps: list[str] = []  # the steps of the sync in progress
         self._manifest: dict | None = None
         self.t0 = 0.0
+        self.group: str | None = None  # the sender's group this server joined, until shutdown
 
     def routes(self) -> dict[str, Any]:
         return {
             f"{ROUTE}/manifest": lambda body: self.manifest(),
+            f"{ROUTE}/group": lambda body: {"joined": self.group},
             f"{ROUTE}/init": self.init,
             f"{ROUTE}/start": self.start,
             f"{ROUTE}/update": self.update,
@@ -416,11 +434,21 @@ class NcclReceiver:
 
     def init(self, body: dict) -> dict:
         """Join the trainer's NCCL group (blocks until rank 0 opens it); under the engine lock,
-        as no engine call may run beside a generate."""
+        as no engine call may run beside a generate. A second sender is refused: vLLM's worker
+        would silently replace its communicator, and the first sender's next broadcast would
+        go to the orphaned one (both block until NCCL's timeout)."""
         self._check_enabled()
-        with self.service.lock:
-            info = body["init_info"]
+        info = body["init_info"]
+        where = f"{info.get('master_address')}:{info.get('master_port')}"
+        with self.service.lock:  # checked and joined under it: two inits at once join one
+            if self.group is not None:
+                raise ValueError(
+                    f"this rollout server already joined the weight-transfer group of "
+                    f"{self.group}; refusing a second sender ({where}): one NCCL sender per "
+                    f"server, or {ROUTE}/shutdown first"
+                )
             self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": info})
+            self.group = where
         return {"ok": True}
 
     def start(self, body: dict) -> dict:
@@ -463,6 +491,7 @@ class NcclReceiver:
         self._check_enabled()
         with self.service.lock:
             self.llm.collective_rpc("shutdown_weight_transfer_engine")
+        self.group = None
         return {"ok": True}
 
     def _check_enabled(self) -> None:

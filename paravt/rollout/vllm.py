@@ -49,6 +49,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from paravt.models.qwen_vl import chat_text, clip_metadata, vision_placeholder_ids
+from paravt.parallel.placement import gpu_placement, has_cuda
 from paravt.rollout.engine import (
     EngineConfig,
     GenerationOutput,
@@ -94,23 +95,55 @@ def close_engines() -> int:
     return len(engines)
 
 
-def _on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _empty_cuda_cache() -> None:
     import torch
 
     torch.cuda.empty_cache()  # nothing to do (and no error) without CUDA
 
 
-def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
-    """`vllm.LLM` arguments; the GPU-only ones are passed only where a GPU is present."""
+def placement_kwargs(cfg: EngineConfig, world: int | None = None) -> dict[str, Any]:
+    """The GPU placement and launch arguments (`paravt.parallel.placement.gpu_placement`: a GPU,
+    or PARAVT_ASSUME_GPU=1); none elsewhere. `world`: the launch this engine belongs to (None:
+    `launch_world`'s; 1 for a standalone engine such as a rollout server's)."""
     from paravt.rollout.server_nccl import check_cuda
 
-    check_cuda(cfg.weight_transfer, _on_gpu())  # nccl: a rollout server on a GPU only
+    on_gpu = gpu_placement()
+    check_cuda(cfg.weight_transfer, on_gpu)  # nccl: a rollout server on a GPU only
+    if not on_gpu:
+        return {}
+    kwargs: dict[str, Any] = {
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "enable_sleep_mode": cfg.enable_sleep_mode,
+    }
+    if cfg.weight_transfer == "nccl":  # the trainer's rank 0 sends (paravt.rollout.server_nccl)
+        kwargs["weight_transfer_config"] = {"backend": "nccl"}
+    # Under a W-rank launch: external_launcher, each rank's engine on its own GPU.
+    world = launch_world()[1] if world is None else world
+    return kwargs | gpu_launch_kwargs(cfg.tensor_parallel_size, world)
+
+
+def backend_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """The CPU backend's own arguments, where there is no CUDA device (forced or not)."""
+    if has_cuda():
+        return {}
+    return {
+        "enforce_eager": True,
+        # No chunked prefill on the CPU backend: a prompt split over engine steps has its
+        # partial step's token discarded, and vLLM then rewinds the request's seeded generator
+        # with `set_offset`, which a CPU generator lacks ("CPU Generator does not use offset":
+        # the engine dies mid-rollout, seen with a group of long multi-crop contexts). vLLM does
+        # the same for MLA models on CPU; every prompt then fits one step.
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(cfg.max_model_len, 8192),
+    }
+
+
+def llm_kwargs(
+    cfg: EngineConfig, path: str, max_videos: int, world: int | None = None
+) -> dict[str, Any]:
+    """`vllm.LLM` arguments: the common ones, the placement ones (`placement_kwargs`) and the
+    CPU backend's (`backend_kwargs`)."""
     kwargs: dict[str, Any] = {
         "model": path,
         "dtype": cfg.dtype,
@@ -125,26 +158,7 @@ def llm_kwargs(cfg: EngineConfig, path: str, max_videos: int) -> dict[str, Any]:
         # processor's mean/std on the device, which differ from the video's for some checkpoints.
         "mm_device_do_normalize": False,
     }
-    if _on_gpu():
-        kwargs |= {
-            "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "tensor_parallel_size": cfg.tensor_parallel_size,
-            "enable_sleep_mode": cfg.enable_sleep_mode,
-        }
-        if cfg.weight_transfer == "nccl":  # the trainer's rank 0 sends (paravt.rollout.server_nccl)
-            kwargs["weight_transfer_config"] = {"backend": "nccl"}
-        # Under a W-rank launch: external_launcher, each rank's engine on its own GPU.
-        kwargs |= gpu_launch_kwargs(cfg.tensor_parallel_size, launch_world()[1])
-    else:
-        kwargs["enforce_eager"] = True
-        # No chunked prefill on the CPU backend: a prompt split over engine steps has its
-        # partial step's token discarded, and vLLM then rewinds the request's seeded generator
-        # with `set_offset`, which a CPU generator lacks ("CPU Generator does not use offset":
-        # the engine dies mid-rollout, seen with a group of long multi-crop contexts). vLLM does
-        # the same for MLA models on CPU; every prompt then fits one step.
-        kwargs["enable_chunked_prefill"] = False
-        kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 8192)
-    return kwargs
+    return kwargs | placement_kwargs(cfg, world) | backend_kwargs(cfg)
 
 
 def video_placeholder(processor) -> tuple[str, tuple[int, ...]]:
@@ -244,9 +258,17 @@ class VLLMEngine:
         self.closed = False
 
     @classmethod
-    def from_model(cls, cfg: EngineConfig, model, processor, model_path: str | None = None):
-        """Start vLLM on `model_path`, or on a temporary export of `model` when there is none."""
-        if not _on_gpu():
+    def from_model(
+        cls,
+        cfg: EngineConfig,
+        model,
+        processor,
+        model_path: str | None = None,
+        world: int | None = None,
+    ):
+        """Start vLLM on `model_path`, or on a temporary export of `model` when there is none;
+        `world`: as in `placement_kwargs` (1: a standalone engine, never the external launcher)."""
+        if not has_cuda():
             for key, value in CPU_ENV.items():
                 os.environ.setdefault(key, value)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gb))
@@ -267,7 +289,7 @@ class VLLMEngine:
             merged = merged_state_dict(model) if is_lora(model) else None  # LoRA: base names
             model.save_pretrained(path, state_dict=merged)
             processor.save_pretrained(path)
-        kwargs = llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt)
+        kwargs = llm_kwargs(cfg, str(path), cfg.max_videos_per_prompt, world)
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             export_launch_env()  # RANK / LOCAL_RANK, which Lightning's launcher and srun omit
         llm = vllm.LLM(**kwargs)
@@ -347,7 +369,7 @@ class VLLMEngine:
         lives across a trajectory's rounds. `reload_follows`: the next wake reloads every
         weight, so level 2 discards them; otherwise level 1 keeps a host copy (a
         stale-allowed engine is not synced on every wake)."""
-        if self.cfg.enable_sleep_mode and _on_gpu() and not self._asleep:
+        if self.cfg.enable_sleep_mode and gpu_placement() and not self._asleep:
             self.llm.sleep(level=2 if reload_follows else 1)
             self._asleep = {"weights", "kv_cache"}
             self._discarded = reload_follows
@@ -477,7 +499,7 @@ class VLLMEngine:
         from paravt.rollout.weight_sync import iter_weights
 
         dtype = getattr(torch, self.cfg.dtype)
-        device = next(policy.parameters()).device if _on_gpu() else "cpu"
+        device = next(policy.parameters()).device if gpu_placement() else "cpu"
         # LoRA: vLLM loads the base model's names, base + adapter merged (gathered if sharded)
         for bucket in iter_weights(policy, self.cfg.sync_bucket_mb << 20, device, dtype):
             yield from bucket

@@ -77,7 +77,29 @@ def _engine_problems(cfg: DictConfig, world: int) -> list[Problem]:
                 "model in bf16 while FSDP shards the trainer), or rollout/engine=hf",
             )
         )
-    return out
+    return out + _async_engine_problems(cfg)
+
+
+def _async_engine_problems(cfg: DictConfig) -> list[Problem]:
+    """Async rollouts with the in-process vLLM engine on GPUs (issue 50, finding 3): rank 0's GPU
+    would hold the trainer's share, the trainer's own engine (built at setup in every mode: the
+    held-out evaluation's), the generator's full policy copy and a second engine, which vLLM
+    refuses to start when its share exceeds the memory still free; no pair of shares fits."""
+    engine = cfg.rollout.engine
+    async_mode = cfg.rollout.get("mode", "sync") == "async"
+    if engine.get("name") != "vllm" or not async_mode or cfg.trainer.get("accelerator") != "gpu":
+        return []
+    return [
+        Problem(
+            "rollout.mode=async with rollout/engine=vllm on GPUs: rank 0's GPU would hold the "
+            "trainer, the trainer's in-process engine, the generator's copy of the policy and "
+            "the generator's own engine; vLLM refuses the second engine (its share exceeds the "
+            "free memory at its start), and lowering rollout.engine.gpu_memory_utilization "
+            "does not make room for the copy",
+            "rollout/engine=vllm_server (rollout servers on GPUs of their own, as "
+            "experiment=paragrpo_1p7 does), or rollout.mode=sync with rollout/engine=vllm",
+        )
+    ]
 
 
 def _trainer_problems(cfg: DictConfig, world: int) -> list[Problem]:

@@ -81,3 +81,14 @@ def test_on_rank0_each_sends_each_rank_only_its_part_and_rank_0s_error(each_then
     assert [s["got"] for s in seen] == [[10, 11, 12], [13, 14, 15]]
     assert [s["calls"] for s in seen] == [[0], []]  # fetched once, by rank 0
     assert [s["error"] for s in seen] == ["the generator failed"] * 2
+
+
+def test_a_rank_whose_rollouts_failed_stops_every_rank(each_then_leave):
+    """Issue 50, finding 10: with each rank's own engine (in-process vLLM) a failure on one rank
+    left the others waiting in the step's collectives (NCCL: 30 minutes)."""
+    seen, _ = each_then_leave
+    assert seen[0]["settle"] == (
+        "trainer rank 1's rollouts failed, so rank 0 stops too (nothing is trained on it): "
+        "RuntimeError: vLLM died"
+    )
+    assert seen[1]["settle"] is None  # the failing rank raises its own error

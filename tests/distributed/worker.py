@@ -476,7 +476,20 @@ def scenario_each() -> dict:
         error = None
     except ValueError as e:
         error = str(e)
-    return {"got": got, "calls": calls, "error": error}
+    return {"got": got, "calls": calls, "error": error, "settle": _settle_after_rank1_fails()}
+
+
+def _settle_after_rank1_fails() -> str | None:
+    """`settle_ranks` after rank 1's rollouts raised (an in-process engine's, say): what this
+    rank raised there (rank 1 raises its own error afterwards, not this)."""
+    from paravt.parallel.collectives import settle_ranks
+
+    mine = RuntimeError("vLLM died") if dist.get_rank() == 1 else None
+    try:
+        settle_ranks(mine)
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def scenario_server_faults(url: str) -> dict:

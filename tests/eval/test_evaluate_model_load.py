@@ -36,3 +36,18 @@ def test_the_weights_are_loaded_only_for_the_transformers_engine(
     engine_cfg = instantiate(cfg.rollout.engine)
     check_context(engine_cfg.max_model_len, model.config)
     assert engine_dtype(engine_cfg, model) == torch.float32  # the tiny model's model.dtype
+
+
+@pytest.mark.parametrize(
+    ("extra", "share"), [([], 0.9), (["rollout.engine.gpu_memory_utilization=0.6"], 0.6)]
+)
+def test_vllm_takes_the_gpu_the_evaluation_has_alone(extra, share, monkeypatch):
+    """Issue 50, finding 10: evaluate.py kept training's share 0.5 (made for a trainer beside
+    the engine). The GPU decision is forced here (PARAVT_ASSUME_GPU=1); the command line wins."""
+    from paravt.rollout.vllm import llm_kwargs
+
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("eval", overrides=["rollout/engine=vllm", *extra])
+    engine_cfg = instantiate(cfg.rollout.engine)
+    assert llm_kwargs(engine_cfg, "/m", 4, world=1)["gpu_memory_utilization"] == share

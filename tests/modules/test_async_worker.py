@@ -158,22 +158,24 @@ def test_the_child_environment_drops_the_launch_and_narrows_to_one_gpu():
         "cuda:0",
     )
     assert standalone_env(launched, "cpu") == ({"PATH": "/bin"}, "cpu")
-    with pytest.raises(ValueError, match="cuda:2 is not among CUDA_VISIBLE_DEVICES=4,5"):
+    with pytest.raises(ValueError, match="GPU 2 is not among CUDA_VISIBLE_DEVICES=4,5"):
         standalone_env({"CUDA_VISIBLE_DEVICES": "4,5"}, "cuda:2")
 
 
 def records_what_it_builds_under(spec, weights, tasks, conn, max_pending, parent):
     """The real `generator_main`, with `_build` replaced by a recorder of what the engine would be
-    built under (the process's launch world, the vLLM launch arguments that world gives, the
+    built under (the process's launch world, the vLLM placement arguments it decides, the
     device `_build` is handed); `spec.policy` names the record's file (nothing is loaded)."""
     from paravt.modules import async_worker
-    from paravt.rollout.vllm_launch import gpu_launch_kwargs, launch_world
+    from paravt.rollout.engine import EngineConfig
+    from paravt.rollout.vllm import placement_kwargs
+    from paravt.rollout.vllm_launch import launch_world
 
     def build(spec, weights, device="cpu"):
         world = launch_world()
         record = {
             "world": list(world),
-            "vllm_launch": gpu_launch_kwargs(1, world[1]),
+            "vllm_placement": placement_kwargs(EngineConfig(name="vllm")),
             "device": device,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
@@ -186,8 +188,11 @@ def records_what_it_builds_under(spec, weights, tasks, conn, max_pending, parent
 
 
 def test_a_generator_started_by_rank_0_of_two_builds_a_standalone_engine(tmp_path, monkeypatch):
+    """The GPU decisions are forced (PARAVT_ASSUME_GPU=1, inherited by the child): a GPU's
+    placement, and no external launcher for the trainer's 2-rank world."""
     for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     out = tmp_path / "built.json"
     spec = GeneratorSpec(str(out), None, None, None, (), 1, device="cuda:1")  # rank 0 on cuda:1
@@ -202,7 +207,11 @@ def test_a_generator_started_by_rank_0_of_two_builds_a_standalone_engine(tmp_pat
     # one process of its own, vLLM's single-process engine, on the trainer rank's GPU only
     assert json.loads(out.read_text()) == {
         "world": [0, 1],
-        "vllm_launch": {},
+        "vllm_placement": {
+            "gpu_memory_utilization": 0.5,
+            "tensor_parallel_size": 1,
+            "enable_sleep_mode": False,
+        },
         "device": "cuda:0",
         "visible": "7",
     }

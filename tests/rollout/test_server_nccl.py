@@ -291,6 +291,53 @@ def test_a_failed_receive_marks_the_server_failed_and_releases_its_lock(policy, 
         assert services[0].version == 0
 
 
+INIT = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+
+
+def test_a_server_refuses_a_second_sender_until_the_first_leaves(tiny_qwen3_dir):
+    """Issue 50, finding 2: vLLM's worker silently replaces its communicator at a second init,
+    and the first sender's next broadcast hangs on the orphaned one."""
+    with _servers(tiny_qwen3_dir, 1) as (engine, services):
+        first, second = ServersClient(engine, tp=1), ServersClient(engine, tp=1)
+        first.init_weight_transfer_engine(INIT)
+        with pytest.raises(ValueError, match=r"already joined the weight-transfer group of "):
+            second.init_weight_transfer_engine(INIT | {"master_port": 2})
+        calls = [c[0] for c in services[0].engine.llm.calls]
+        assert calls == ["init_weight_transfer_engine"]  # the second never reached vLLM
+        first.shutdown_weight_transfer_engine()
+        second.init_weight_transfer_engine(INIT | {"master_port": 2})  # free again
+        assert services[0].engine.llm.calls[-1][2]["init_info"]["master_port"] == 2
+
+
+def test_a_sender_checks_every_server_is_free_before_the_rendezvous(
+    policy, tiny_qwen3_dir, monkeypatch
+):
+    """A refused init alone would leave the new sender waiting at its rendezvous (vLLM opens
+    the trainer's end while the servers are asked to join): it asks first. The GPU decision is
+    forced (PARAVT_ASSUME_GPU=1); the check comes before any CUDA call."""
+    from paravt.rollout.server_nccl import NcclSender
+
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")
+    with _servers(tiny_qwen3_dir, 2) as (engine, _):
+        ServersClient(engine, tp=1).init_weight_transfer_engine(INIT)  # e.g. the generator's
+        with pytest.raises(UserError, match="one NCCL sender per server"):
+            NcclSender(engine)._engine(policy)
+
+
+def test_with_async_rollouts_the_trainers_engine_leaves_nccl_to_the_generator(
+    tiny_qwen3_dir, monkeypatch
+):
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")  # nccl is refused without a GPU decision
+    with _servers(tiny_qwen3_dir, 1) as (engine, _):
+        cfg = EngineConfig(name="vllm_server", dtype="float32", weight_transfer="nccl")
+        trainer = ServerEngine(engine.urls, cfg)
+        assert trainer._nccl is not None
+        trainer.leave_nccl_to_generator()  # RolloutDataModule does it with rollout.mode=async
+        assert trainer._nccl is None  # its own syncs write a checkpoint
+        assert trainer.child_config.weight_transfer == "nccl"  # the generator's sender
+        trainer.close()
+
+
 def test_a_server_started_for_checkpoints_refuses_the_nccl_routes(tiny_qwen3_dir):
     with (
         _servers(tiny_qwen3_dir, 1, mode="checkpoint") as (engine, _),

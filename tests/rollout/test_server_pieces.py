@@ -260,7 +260,7 @@ def test_started_servers_get_their_tensor_parallel_share_of_devices():
     cfg = EngineConfig(
         name="vllm_server", num_servers=2, tensor_parallel_size=2, devices=[4, 5, 6, "7"]
     )
-    assert [cfg.server_gpus(0), cfg.server_gpus(1)] == ["4,5", "6,7"]
+    assert [cfg.server_gpus(0), cfg.server_gpus(1)] == [(4, 5), (6, 7)]
     assert EngineConfig(name="vllm_server").server_gpus(0) is None  # empty: inherit
     with pytest.raises(
         ValueError, match=r"names 1 GPU\(s\) for num_servers=2 x tensor_parallel_size=1"

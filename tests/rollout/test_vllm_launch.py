@@ -48,7 +48,7 @@ class RecordingLLM:
 def engine(tiny_qwen3_dir, monkeypatch):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    monkeypatch.setattr(vllm_engine, "_on_gpu", lambda: True)  # sleep mode is GPU-only
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")  # sleep mode is GPU-only
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
     cfg = EngineConfig(name="vllm", enable_sleep_mode=True, dtype="float32")
     llm = RecordingLLM()
@@ -120,7 +120,7 @@ def test_multi_rank_gpu_launch_uses_independent_external_launcher_engines():
 
 
 def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
-    monkeypatch.setattr(vllm_engine, "_on_gpu", lambda: True)
+    monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("RANK", "3")
     kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm"), "/m", 4)
@@ -131,7 +131,7 @@ def test_llm_kwargs_on_a_gpu_rank_of_eight(monkeypatch):
 def test_llm_kwargs_on_cpu_never_split_a_prompt_over_engine_steps(monkeypatch):
     """A split prompt's discarded token makes vLLM rewind a seeded CPU generator, which fails
     ("CPU Generator does not use offset") and kills the engine."""
-    monkeypatch.setattr(vllm_engine, "_on_gpu", lambda: False)
+    monkeypatch.delenv("PARAVT_ASSUME_GPU", raising=False)
     kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm", max_model_len=20000), "/m", 4)
     assert kwargs["enable_chunked_prefill"] is False
     assert kwargs["max_num_batched_tokens"] >= 20000  # vLLM requires >= max_model_len then

