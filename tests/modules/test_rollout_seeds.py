@@ -16,6 +16,7 @@ from paravt.agent.scripts import call_text
 from paravt.data.prompt_datamodule import _StepBatches
 from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.rollout.engine import GenerationRequest, SamplingParams, request_seeds
+from paravt.rollout.hf import TransformersEngine
 from paravt.rollout.scripted import ScriptedEngine
 
 
@@ -124,3 +125,17 @@ def test_an_unseeded_request_of_a_call_is_seeded_by_its_position():
     seeds = request_seeds([free, own, free], params)
     assert seeds[1] == 42 and len(set(seeds)) == 3
     assert request_seeds([free, own], SamplingParams()) == [None, 42]
+
+
+def test_the_transformers_engine_samples_by_its_requests_seeds(policy):
+    """One batch generator, seeded from the requests' seeds: another round's seed draws other
+    tokens (the step's seed alone reseeded every round alike), the same seed the same ones."""
+    tok = policy.processor.tokenizer
+    ids = tuple(tok("<|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n").input_ids)
+    engine = TransformersEngine(policy.policy, tok)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+
+    def draw(seed: int) -> tuple[int, ...]:
+        return engine.generate([GenerationRequest(ids, seed=seed)], params)[0][0].token_ids
+
+    assert draw(1) == draw(1) != draw(2)
