@@ -242,9 +242,8 @@ class AgentLoop:
         """One agent round of every unfinished run in `runs`, with ONE engine call for all of
         their active trajectories (partial rollouts merge the rounds of several steps; the call
         samples with the first run's parameters, each request with its own trajectory's seed
-        stream). Between two calls nothing is in flight: the
-        engine's weights may change there (a turn boundary), and every sampled token records
-        the version that sampled it."""
+        stream). Between two calls nothing is in flight: the engine's weights may change there
+        (a turn boundary), and every sampled token records the version that sampled it."""
         active = {id(r): r.active(self._fits) for r in runs if not r.done}
         for r in runs:
             r.done = r.done or not active.get(id(r))

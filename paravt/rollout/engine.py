@@ -52,9 +52,10 @@ class SamplingParams:
 class GenerationRequest:
     """A full context to continue: token ids and the video clips of its placeholders, in order.
 
-    `name` (e.g. "sample-id#g") is how errors about this request name it. `seed`: the seed
-    this request samples with, whichever engine, server or batch it lands in (None: derived
-    from the call's `SamplingParams.seed` and its position in the call, `request_seeds`).
+    `name` (e.g. "sample-id#g") is how errors about this request name it. `seed`: the seed it
+    samples with (vLLM: its own sampler, on whichever server or in whichever batch it lands;
+    the transformers engine seeds its one batch generator from all of a call's seeds). None:
+    derived from the call's `SamplingParams.seed` and its position in the call (`request_seeds`).
     """
 
     token_ids: tuple[int, ...]
