@@ -26,7 +26,13 @@ from paravt.agent.render import ChatRenderer, Segment
 from paravt.agent.toolkit import build_toolbox, toolbox_system
 from paravt.agent.tools import CropCache, CropConfig, CropVideoTool, ParallelToolExecutor, Tool
 from paravt.errors import VideoError
-from paravt.rollout.engine import GenerationOutput, GenerationRequest, RolloutEngine, SamplingParams
+from paravt.rollout.engine import (
+    GenerationOutput,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+    derive_seed,
+)
 from paravt.types import (
     AgentRun,
     Frames,
@@ -105,6 +111,7 @@ class _State:
     truncated: bool = False
     finish_reason: str = "stop"
     forced: bool = False
+    seed: int | None = None  # the trajectory's seed stream (None: unseeded)
 
     def append(self, seg: Segment, version: int) -> None:
         self.ids += seg.token_ids
@@ -113,9 +120,19 @@ class _State:
         self.versions += [version] * len(seg.token_ids)
         self.visuals += seg.visuals
 
+    def seed_of(self, turn: int, call: int = 0) -> int | None:
+        """The seed of turn `turn` (call 0) or of sub-agent call `call` on its crops: drawn
+        from this trajectory's own stream, so no round, sub-agent call or other step merged
+        into the same engine call reuses it."""
+        return derive_seed(self.seed, turn, call)
+
+    @property
+    def name(self) -> str:
+        return f"trajectory {self.sample.id}#{self.group_index}"
+
     def request(self) -> GenerationRequest:
-        name = f"trajectory {self.sample.id}#{self.group_index}"
-        return GenerationRequest(tuple(self.ids), tuple(self.visuals), name)
+        seed = self.seed_of(len(self.turns))
+        return GenerationRequest(tuple(self.ids), tuple(self.visuals), self.name, seed)
 
 
 @dataclass
@@ -174,15 +191,16 @@ class AgentLoop:
         group_size: int,
         params: SamplingParams,
         skip_bad_videos: bool = False,
+        positions: Sequence[int] | None = None,
     ) -> AgentRun:
         """N = len(samples) * group_size trajectories, grouped by sample (group-major order),
         with what the run measured (an `AgentRun`, itself a sequence of the trajectories).
 
         A video that fails to decode raises `VideoError`, unless `skip_bad_videos`: then each of
         that sample's G trajectories is empty with finish_reason `VIDEO_ERROR`, and the result's
-        `video_errors` maps its id to the error (which names the file).
+        `video_errors` maps its id to the error (which names the file). `positions`: see `start`.
         """
-        run = self.start(samples, budgets, group_size, params, skip_bad_videos)
+        run = self.start(samples, budgets, group_size, params, skip_bad_videos, positions)
         while not run.done:
             self.advance([run])
         return self.finish(run)
@@ -194,17 +212,29 @@ class AgentLoop:
         group_size: int,
         params: SamplingParams,
         skip_bad_videos: bool = False,
+        positions: Sequence[int] | None = None,
     ) -> Rounds:
         """The rollouts of `samples` before their first round (`run`'s arguments); `advance`
-        plays their rounds, `finish` returns them."""
-        if len(budgets) != len(samples):
-            raise ValueError(f"got {len(budgets)} frame budgets for {len(samples)} samples")
+        plays their rounds, `finish` returns them.
+
+        `positions`: each sample's index in the step's whole batch, every rank's share (default
+        0, 1, ...). Trajectory g of the sample at position p samples from the seed stream
+        (`params.seed`, p, g), each turn and sub-agent call with its own seed (`_State.seed_of`):
+        no two requests of a step share a seed, on any rank, and none depends on the world size.
+        """
+        positions = range(len(samples)) if positions is None else positions
+        if len(budgets) != len(samples) or len(positions) != len(samples):
+            raise ValueError(
+                f"got {len(budgets)} frame budgets and {len(positions)} positions for "
+                f"{len(samples)} samples"
+            )
         timings: dict[str, float] = defaultdict(float)  # seconds per phase
         errors: dict[str, str] = {}
         t0 = time.perf_counter()
+        seeds = [derive_seed(params.seed, p) for p in positions]
         groups = [
-            self._start_group(s, k, group_size, skip_bad_videos, errors)
-            for s, k in zip(samples, budgets, strict=True)
+            self._start_group(s, k, group_size, skip_bad_videos, errors, seed)
+            for s, k, seed in zip(samples, budgets, seeds, strict=True)
         ]
         timings["prompt"] += time.perf_counter() - t0
         turn_params = replace(params, n=1, max_new_tokens=self.cfg.max_new_tokens)
@@ -213,9 +243,9 @@ class AgentLoop:
     def advance(self, runs: Sequence[Rounds]) -> None:
         """One agent round of every unfinished run in `runs`, with ONE engine call for all of
         their active trajectories (partial rollouts merge the rounds of several steps; the call
-        samples with the first run's parameters). Between two calls nothing is in flight: the
-        engine's weights may change there (a turn boundary), and every sampled token records
-        the version that sampled it."""
+        samples with the first run's parameters, each request with its own trajectory's seed
+        stream). Between two calls nothing is in flight: the engine's weights may change there
+        (a turn boundary), and every sampled token records the version that sampled it."""
         active = {id(r): r.active(self._fits) for r in runs if not r.done}
         for r in runs:
             r.done = r.done or not active.get(id(r))
@@ -254,10 +284,12 @@ class AgentLoop:
         group_size: int,
         skip_bad_videos: bool,
         errors: dict[str, str],
+        seed: int | None,
     ) -> list[_State] | list[Trajectory]:
-        """The G starting states of `sample`, or G empty trajectories when its video fails."""
+        """The G starting states of `sample` (trajectory g's seed stream derived from `seed`), or
+        G empty trajectories when its video fails."""
         try:
-            return self._start(sample, budget, group_size)
+            return self._start(sample, budget, group_size, seed)
         except VideoError as error:
             if not skip_bad_videos:
                 raise
@@ -284,7 +316,9 @@ class AgentLoop:
                     outputs[i] = out
         return outputs
 
-    def _start(self, sample: Sample, budget: int, group_size: int) -> list[_State]:
+    def _start(
+        self, sample: Sample, budget: int, group_size: int, seed: int | None
+    ) -> list[_State]:
         info = self.source.info(sample.video)
         indices = overview_indices(info.num_frames, budget)
         frames = self.source.read(
@@ -308,6 +342,7 @@ class AgentLoop:
                 visuals=list(seg.visuals),
                 history=list(messages),
                 prefix=prefix,
+                seed=derive_seed(seed, g),
             )
             for g in range(group_size)
         ]
@@ -404,9 +439,17 @@ class AgentLoop:
             for _, _, r in jobs
         ]
         sub_params = replace(params, n=1, max_new_tokens=self.cfg.subagent_max_tokens)
-        outs = self.engine.generate(
-            [GenerationRequest(s.token_ids, s.visuals) for s in segs], sub_params
-        )
+        owners = [with_calls[i][0] for i, _, _ in jobs]
+        requests = [  # crop j of the owner's last turn: sub-agent call j + 1 of that turn
+            GenerationRequest(
+                s.token_ids,
+                s.visuals,
+                f"{st.name} sub-agent {j + 1}",
+                st.seed_of(len(st.turns) - 1, j + 1),
+            )
+            for st, (_, j, _), s in zip(owners, jobs, segs, strict=True)
+        ]
+        outs = self.engine.generate(requests, sub_params)
         new = [list(res) for res in results]
         version = self._version()
         for (i, j, r), seg, out in zip(jobs, segs, outs, strict=True):

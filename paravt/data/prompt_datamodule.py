@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from paravt.data.datasets import LoadReport, epoch_order, load_samples
 from paravt.errors import check_data_path, generation_dir, may_generate_data
 from paravt.parallel.collectives import on_rank0
-from paravt.parallel.distributed import shard_prompts
+from paravt.parallel.distributed import shard_bounds, shard_prompts
 from paravt.types import Sample
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PromptBatch:
-    """The prompts of one RL step: `step` counts batches from the start of training."""
+    """The prompts of one RL step: `step` counts batches from the start of training; `first`
+    is the index of `samples[0]` in the step's whole batch (a rank's share starts there), which
+    seeds the rollouts by their global position, whatever the world size."""
 
     step: int
     epoch: int
     samples: tuple[Sample, ...]
+    first: int = 0
+
+    def kept(self, bad_videos) -> list[tuple[int, Sample]]:
+        """(index in the step's whole batch, sample) of the samples whose video is not in
+        `bad_videos`: the rollouts' seeds keep each sample's position when others are left out."""
+        enumerated = enumerate(self.samples, start=self.first)
+        return [(p, s) for p, s in enumerated if s.video not in bad_videos]
 
 
 class _StepBatches(Dataset):
@@ -53,7 +62,9 @@ class _StepBatches(Dataset):
 
     def __getitem__(self, i: int) -> PromptBatch:
         whole = self.whole(i)
-        return replace(whole, samples=shard_prompts(whole.samples, self.rank, self.world))
+        first, _ = shard_bounds(len(whole.samples), self.rank, self.world)
+        samples = shard_prompts(whole.samples, self.rank, self.world)
+        return replace(whole, samples=samples, first=first)
 
     def whole(self, i: int) -> PromptBatch:
         """The prompt batch of global step `start + i`, every rank's share."""

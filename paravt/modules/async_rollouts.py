@@ -121,11 +121,13 @@ class AsyncRollouts:
         if batch is None:
             return None
         bad = self.dm.bad_videos
-        samples = tuple(s for s in batch.samples if s.video not in bad)
+        kept = batch.kept(bad)
+        samples = tuple(s for _, s in kept)
         skipped = tuple((s.id, bad[s.video]) for s in batch.samples if s.video in bad)
         budgets = tuple(self.dm.budgets(samples, batch.epoch))
         params = self.dm.sampling(step)
-        return GenTask(step, samples, budgets, self.cfg.group_size, params, skipped)
+        positions = tuple(p for p, _ in kept)  # the seeds' positions, as in sync mode
+        return GenTask(step, samples, budgets, self.cfg.group_size, params, skipped, positions)
 
     def _publish(self, module) -> None:
         """The trainer's new weights into the shared copy (every rank joins the gather)."""

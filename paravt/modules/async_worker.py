@@ -169,6 +169,7 @@ def serve_steps(tasks, results, weights, model, engine, agent, skip_bad_videos: 
             task.group_size,
             task.params,
             skip_bad_videos=skip_bad_videos,
+            positions=task.positions,
         )
         busy = time.perf_counter() - t0
         timings = {f"rollout_{k}": v for k, v in run.timings.items()}

@@ -21,6 +21,7 @@ class GenTask:
     group_size: int
     params: object  # paravt.rollout.engine.SamplingParams
     skipped: tuple[tuple[str, str], ...] = ()  # (prompt id, error): left out for their video
+    positions: tuple[int, ...] | None = None  # each sample's index in the step's whole batch
 
 
 @dataclass(frozen=True)

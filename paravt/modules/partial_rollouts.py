@@ -75,6 +75,7 @@ def serve_partial(tasks, results, weights, model, engine, agent, skip_bad_videos
                 task.group_size,
                 task.params,
                 skip_bad_videos=skip_bad_videos,
+                positions=task.positions,
             )
             flight.append(_InFlight(task, rounds, time.perf_counter() - t0))
         t0 = time.perf_counter()

@@ -36,7 +36,7 @@ from paravt.models.vision_cache import take_stats as take_feature_stats
 from paravt.modules.rollout_config import RolloutConfig, VisionCacheConfig  # noqa: F401 (re-exported)
 from paravt.parallel.distributed import is_sharded, on_meta
 from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajectory
-from paravt.rollout.engine import RolloutEngine, SamplingParams
+from paravt.rollout.engine import RolloutEngine, SamplingParams, derive_seed
 from paravt.rollout.factory import build_engine
 from paravt.rollout.records import RolloutBatch
 from paravt.rollout.staleness import oldest_version, version_metrics
@@ -171,8 +171,11 @@ class RolloutDataModule(PromptDataModule):
         return self._steps.whole(i) if 0 <= i < len(self._steps) else None
 
     def sampling(self, step: int) -> SamplingParams:
-        """The sampling of `step`'s rollouts (its seed depends on the step alone)."""
-        return SamplingParams(temperature=self.rollout.temperature, seed=self.seed * 100_003 + step)
+        """The sampling of `step`'s rollouts: its seed depends on the run's seed and the step
+        alone; the agent loop derives each request's from it (`AgentLoop.start`)."""
+        return SamplingParams(
+            temperature=self.rollout.temperature, seed=derive_seed(self.seed, step)
+        )
 
     def teardown(self, stage: str | None = None) -> None:
         self.stop_async()
@@ -230,7 +233,8 @@ class RolloutDataModule(PromptDataModule):
                 return rollout_batch(self, batch, module, got)
             self.sync(module, 0)  # too stale: regenerated here with the current weights
         sync_s = self.sync(module, self.rollout.max_staleness)
-        samples = [s for s in batch.samples if s.video not in self.bad_videos]
+        kept = batch.kept(self.bad_videos)
+        samples, positions = [s for _, s in kept], [p for p, _ in kept]
         skipped = [
             (s.id, self.bad_videos[s.video]) for s in batch.samples if s.video in self.bad_videos
         ]
@@ -238,7 +242,7 @@ class RolloutDataModule(PromptDataModule):
         version = self.engine.weight_version
         params = self.sampling(batch.step)
         t0 = time.perf_counter()
-        result = self._settled(lambda: self._run(agent, samples, budgets, params))
+        result = self._settled(lambda: self._run(agent, samples, budgets, params, positions))
         trajs = list(result)
         self.end_step()
         if result.video_errors:
@@ -332,7 +336,7 @@ class RolloutDataModule(PromptDataModule):
         found = [check_trajectory(t, spec, rope, decode) for t in trajs]
         return apply_policy(trajs, found, mode, step)
 
-    def _run(self, agent: AgentLoop, samples, budgets, params) -> AgentRun:
+    def _run(self, agent: AgentLoop, samples, budgets, params, positions) -> AgentRun:
         try:
             return agent.run(
                 samples,
@@ -340,6 +344,7 @@ class RolloutDataModule(PromptDataModule):
                 self.rollout.group_size,
                 params,
                 skip_bad_videos=not self.fail_fast,
+                positions=positions,
             )
         except VideoError as error:  # only with fail_fast
             raise BadRowError(

@@ -12,6 +12,7 @@ and greedy decoding uses temperature 1 for the reported log-probs.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -21,7 +22,12 @@ from paravt.types import Visual
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. `greedy=True` ignores temperature for the choice of tokens."""
+    """How to sample. `greedy=True` ignores temperature for the choice of tokens.
+
+    `seed`: the call's base seed (None: unseeded). A request without a seed of its own samples
+    with one derived from it and the request's position in the call (`request_seeds`); the
+    agent loop gives every request its own (`derive_seed` of this seed, the trajectory's
+    position in the step's batch, its turn and its sub-agent call)."""
 
     max_new_tokens: int = 256
     temperature: float = 1.0
@@ -46,12 +52,16 @@ class SamplingParams:
 class GenerationRequest:
     """A full context to continue: token ids and the video clips of its placeholders, in order.
 
-    `name` (e.g. "sample-id#g") is how errors about this request name it.
+    `name` (e.g. "sample-id#g") is how errors about this request name it. `seed`: the seed it
+    samples with (vLLM: its own sampler, on whichever server or in whichever batch it lands;
+    the transformers engine seeds its one batch generator from all of a call's seeds). None:
+    derived from the call's `SamplingParams.seed` and its position in the call (`request_seeds`).
     """
 
     token_ids: tuple[int, ...]
     visuals: tuple[Visual, ...] = ()
     name: str = ""
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,27 @@ class GenerationOutput:
     version: int | None = None
 
 
+def derive_seed(base: int | None, *path: int) -> int | None:
+    """A 63-bit seed for `path` under `base` (None stays None): the first bits of BLAKE2b of the
+    integers, so that every process computes the same seed (unlike `hash`) and distinct paths
+    get distinct seeds (two of a million coincide with probability ~5e-8)."""
+    if base is None:
+        return None
+    text = ":".join(str(int(x)) for x in (base, *path))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+
+
+def request_seeds(
+    requests: Sequence[GenerationRequest], params: SamplingParams
+) -> list[int | None]:
+    """The seed each request samples with: its own, else `params.seed` combined with its
+    position in the call (so the G copies of a prompt in one call differ)."""
+    return [
+        r.seed if r.seed is not None else derive_seed(params.seed, i)
+        for i, r in enumerate(requests)
+    ]
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Anything that can continue batched multimodal contexts."""
@@ -73,7 +104,8 @@ class RolloutEngine(Protocol):
     def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[list[GenerationOutput]]:
-        """Per request, `params.n` outputs."""
+        """Per request, `params.n` outputs; request i samples with `request_seeds(...)[i]`
+        (an engine with one random generator per batch seeds it from all of them)."""
         ...
 
     def sync_weights(self, policy: Any, version: int) -> None:

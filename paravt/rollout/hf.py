@@ -11,6 +11,10 @@ every knob a call leaves unset from it, so its repetition penalty, min-p, typica
 or top-k would otherwise reshape the sampling distribution behind the trainer's back (pitfall 8);
 the call states the few knobs paravt uses and nothing else applies.
 
+Seeds: the rows of one `generate` share torch's global generator, so a request's tokens depend
+on its batch; the generator is seeded per call from all of its requests' seeds (`batch_seed`),
+which differ per trajectory and turn (the agent loop's), never reused across ranks or rounds.
+
 It deliberately does not keep a KV cache across agent rounds: each round re-encodes the context.
 """
 
@@ -23,7 +27,13 @@ import torch
 
 from paravt.models.qwen_vl import mm_token_type_ids, vision_placeholder_ids, visual_kwargs
 from paravt.parallel.distributed import generate_sync_kwargs, load_buckets
-from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
+from paravt.rollout.engine import (
+    GenerationOutput,
+    GenerationRequest,
+    SamplingParams,
+    derive_seed,
+    request_seeds,
+)
 from paravt.rollout.sampled_logprobs import SampledLogprobs
 from paravt.rollout.weight_sync import iter_weights
 
@@ -38,6 +48,15 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
             ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r) :] = 1
     return ids, mask
+
+
+def batch_seed(seeds: Sequence[int | None]) -> int | None:
+    """The one seed of a batched `generate` (transformers draws every row from torch's global
+    generator): derived from all the requests' seeds in order, so it changes with the rank's
+    share, the step and the round; None when no request is seeded."""
+    if all(s is None for s in seeds):
+        return None
+    return derive_seed(len(seeds), *(-1 if s is None else s for s in seeds))
 
 
 @contextmanager
@@ -107,8 +126,9 @@ class TransformersEngine:
         device = next(self.model.parameters()).device
         ids, mask = left_pad([r.token_ids for r in expanded], self.pad_id)
         kwargs = visual_kwargs([v for r in expanded for v in r.visuals], device)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        seed = batch_seed(request_seeds(requests, params))
+        if seed is not None:
+            torch.manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         record = SampledLogprobs(params.logprob_temperature, self.suppress_ids)

@@ -86,12 +86,10 @@ class RolloutService:
         decoded = [decode_request(r) for r in body["requests"]]
         params = decode_params(body["params"])
         with self.lock:
-            outs = self.engine.generate(
-                [r for r, _ in decoded], params, seed_offsets=[s for _, s in decoded]
-            )
+            outs = self.engine.generate(decoded, params)
             version = self.version
         self.served += len(decoded)
-        self.names.extend(r.name for r, _ in decoded if r.name)
+        self.names.extend(r.name for r in decoded if r.name)
         return {"outputs": [[encode_output(o) for o in out] for out in outs], "version": version}
 
     def sync(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ The trainer's process imports no vLLM here: requests go over HTTP (stdlib) to on
 servers (`paravt serve-rollout`, `paravt.rollout.server`), given as URLs or started by the
 factory. Each server hosts the in-process vLLM engine, so a server's rollouts are those of
 `rollout/engine=vllm` (same request building, same expansion check, same seeds: each request
-carries its position in the caller's batch).
+carries its own, `request_seeds`, resolved before the call is split over the servers).
 
 Several servers: `paravt.rollout.server_routing.Router` keeps a trajectory's turns on one
 server and spreads new groups by the work in flight; each server's share is sent at once, the
@@ -66,6 +66,7 @@ from paravt.rollout.engine import (
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
+    request_seeds,
 )
 from paravt.rollout.server_checkpoint import check_checkpoint, model_manifest, write_checkpoint
 from paravt.rollout.server_nccl import sender_for
@@ -177,6 +178,8 @@ class ServerEngine:
     ) -> list[list[GenerationOutput]]:
         if not requests:
             return []
+        seeds = request_seeds(requests, params)  # here: not on the server a request reaches
+        requests = [replace(r, seed=s) for r, s in zip(requests, seeds, strict=True)]
         homes = self.router.assign(requests, params.max_new_tokens * params.n)
         shares: dict[str, list[int]] = {}
         for i, url in enumerate(homes):
@@ -301,7 +304,7 @@ class ServerEngine:
         share = [requests[i] for i in idx]
         work = sum(len(r.token_ids) for r in share) + len(share) * params.max_new_tokens * params.n
         body = {
-            "requests": [encode_request(r, i) for r, i in zip(share, idx, strict=True)],
+            "requests": [encode_request(r) for r in share],
             "params": encode_params(params),
         }
         self.router.start(url, work)

@@ -98,8 +98,8 @@ def decode_frames(d: Mapping[str, Any]) -> Frames:
     )
 
 
-def encode_request(req: GenerationRequest, seed_offset: int) -> dict[str, Any]:
-    """A request and the index its seed is derived from (its position in the caller's batch, so
+def encode_request(req: GenerationRequest) -> dict[str, Any]:
+    """A request with its seed (the client resolves a missing one first, `request_seeds`, so
     a request sampled on any server gets the seed the in-process engine would give it)."""
     clips = []
     for k, visual in enumerate(req.visuals):
@@ -113,16 +113,19 @@ def encode_request(req: GenerationRequest, seed_offset: int) -> dict[str, Any]:
         "token_ids": list(req.token_ids),
         "visuals": clips,
         "name": req.name,
-        "seed": seed_offset,
+        "seed": req.seed,
     }
 
 
-def decode_request(d: Mapping[str, Any]) -> tuple[GenerationRequest, int]:
+def decode_request(d: Mapping[str, Any]) -> GenerationRequest:
     visuals = tuple(
         Visual(pixel_values_videos=None, video_grid_thw=None, frames=decode_frames(v))
         for v in d["visuals"]
     )
-    return GenerationRequest(tuple(d["token_ids"]), visuals, d.get("name", "")), int(d["seed"])
+    seed = d.get("seed")
+    return GenerationRequest(
+        tuple(d["token_ids"]), visuals, d.get("name", ""), None if seed is None else int(seed)
+    )
 
 
 def encode_params(p: SamplingParams) -> dict[str, Any]:

@@ -10,7 +10,8 @@ vLLM's expanded prompt must equal the trajectory's ids token for token; a mismat
 Sampling follows `paravt.rollout.engine`'s log-prob definition: the vision placeholder ids get a
 -100 logit bias (vLLM's clamp; never sampled, and the reported `processed_logprobs` are then the
 masked distribution's, as the trainer masks them), no top-k / top-p, temperature T (greedy: 0,
-log-probs at T = 1). Each request gets its own seed, so the G copies of a prompt differ.
+log-probs at T = 1). Each request samples with its own seed (`GenerationRequest.seed`, set by the
+agent loop per trajectory and turn), so the G copies of a prompt differ.
 
 Weights. `sync_weights` streams the policy's tensors in buckets of `sync_bucket_mb` into vLLM's
 `reload_weights` (never a second full copy), then resets the prefix cache and the multimodal /
@@ -55,6 +56,7 @@ from paravt.rollout.engine import (
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
+    request_seeds,
 )
 from paravt.rollout.vllm_launch import (
     export_launch_env,
@@ -319,10 +321,9 @@ class VLLMEngine:
         self,
         requests: Sequence[GenerationRequest],
         params: SamplingParams,
-        seed_offsets: Sequence[int] | None = None,
     ) -> list[list[GenerationOutput]]:
-        """`seed_offsets`: the index each request's seed derives from (default: its position);
-        a rollout server passes the positions in the trainer's whole batch."""
+        """Each request sampled with its own seed (`request_seeds`), so its tokens do not depend
+        on which call, batch or server it was sent in."""
         self._check_open()
         if not requests:
             return []
@@ -333,8 +334,7 @@ class VLLMEngine:
             )
         self._wake()
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
-        offsets = range(len(requests)) if seed_offsets is None else seed_offsets
-        sampling = [self._sampling(params, i) for i in offsets]
+        sampling = [self._sampling(params, seed) for seed in request_seeds(requests, params)]
         outs = self.llm.generate(prompts, sampling, use_tqdm=False)
         results = []
         for i, (req, out) in enumerate(zip(requests, outs, strict=True)):
@@ -454,10 +454,9 @@ class VLLMEngine:
             "do_sample_frames": False,
         }
 
-    def _sampling(self, params: SamplingParams, i: int):
+    def _sampling(self, params: SamplingParams, seed: int | None):
         import vllm
 
-        seed = None if params.seed is None else params.seed * 1_000_003 + i
         return vllm.SamplingParams(
             n=params.n,
             temperature=0.0 if params.greedy else params.temperature,

@@ -11,7 +11,7 @@ from transformers import AutoProcessor
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
-from paravt.rollout.engine import SamplingParams
+from paravt.rollout.engine import SamplingParams, derive_seed, request_seeds
 from paravt.rollout.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
@@ -115,3 +115,37 @@ def test_run_equals_start_advance_finish(processor, needle_samples):
         [getattr(t, f) for f in fields] for t in whole
     ]
     assert {v for t in whole for v in t.versions} == {0}
+
+
+class SeedScript(ScriptedEngine):
+    """The scripted assistant, recording (request name, seed) of every request it samples."""
+
+    def __init__(self, tokenizer, responder):
+        super().__init__(tokenizer, responder)
+        self.seen: list[tuple[str, int | None]] = []
+
+    def generate(self, requests, params):
+        seeds = request_seeds(requests, params)
+        self.seen += [(r.name, s) for r, s in zip(requests, seeds, strict=True)]
+        return super().generate(requests, params)
+
+
+def test_merged_runs_keep_each_trajectorys_own_seed_stream(processor, needle_samples):
+    """Partial rollouts play the rounds of two steps in one engine call: each trajectory still
+    samples each turn with its own step's seeds, as it would alone (not the first run's)."""
+    long, short = needle_samples[0], needle_samples[1]
+    script = turn_script({long.question: 3, short.question: 2})
+    engine = SeedScript(processor.tokenizer, script)
+    loop = AgentLoop(engine, ChatRenderer(processor), VideoReader(), AgentConfig(max_rounds=3))
+    step0, step1 = SamplingParams(seed=derive_seed(0, 0)), SamplingParams(seed=derive_seed(0, 1))
+    loop.run([long], [4], 2, step0)
+    loop.run([short], [4], 2, step1)
+    alone, engine.seen = engine.seen, []
+    first = loop.start([long], [4], 2, step0)
+    loop.advance([first])
+    second = loop.start([short], [4], 2, step1)
+    while not (first.done and second.done):
+        loop.advance([first, second])
+    # long: 3 turns x G = 2, short: 2 turns x 2; all 10 seeds distinct, the same in both plays
+    assert len(engine.seen) == len(alone) == 10 and len({s for _, s in alone}) == 10
+    assert sorted(engine.seen) == sorted(alone)

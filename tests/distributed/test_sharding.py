@@ -79,3 +79,5 @@ def test_every_rank_reads_the_whole_batch_its_share_comes_from():
         assert whole[0] == whole[1] and len(whole[0].samples) == 3
         assert ranks[0][i].samples + ranks[1][i].samples == whole[0].samples
         assert [len(r[i].samples) for r in ranks] == [2, 1]
+        # each share knows where it starts in the whole batch (the rollouts' seeds use it)
+        assert [r[i].first for r in ranks] == [0, 2] and whole[0].first == 0

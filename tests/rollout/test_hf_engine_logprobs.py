@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from paravt.rl.logprobs import token_logprobs
-from paravt.rollout.engine import GenerationRequest, SamplingParams
-from paravt.rollout.hf import TransformersEngine, left_pad
+from paravt.rollout.engine import GenerationRequest, SamplingParams, request_seeds
+from paravt.rollout.hf import TransformersEngine, batch_seed, left_pad
 from paravt.rollout.sampled_logprobs import SampledLogprobs
 
 
@@ -30,7 +30,7 @@ def _all_logits_path(engine, requests, params):
     """What the engine did before: every step's fp32 logits kept, scored afterwards."""
     rows = [r.token_ids for r in requests for _ in range(params.n)]
     ids, mask = left_pad(rows, engine.pad_id)
-    torch.manual_seed(params.seed)
+    torch.manual_seed(batch_seed(request_seeds(requests, params)))
     out = engine.model.generate(
         input_ids=ids,
         attention_mask=mask,

@@ -212,9 +212,10 @@ def test_a_failed_server_forgets_its_trajectories():
 def test_requests_params_and_outputs_round_trip_exactly():
     pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 6, 3), dtype=np.uint8)
     frames = Frames(pixels, (4, 9), (2.0, 4.5), 2.0, 12.25)
-    req = GenerationRequest((1, 2, 3), (Visual(None, None, frames=frames),), "t s#1")
-    back, seed = decode_request(encode_request(req, 7))
-    assert seed == 7 and back.token_ids == req.token_ids and back.name == req.name
+    req = GenerationRequest((1, 2, 3), (Visual(None, None, frames=frames),), "t s#1", 2**62 + 7)
+    back = decode_request(encode_request(req))
+    assert back.seed == 2**62 + 7 and back.token_ids == req.token_ids and back.name == req.name
+    assert decode_request(encode_request(GenerationRequest((1,)))).seed is None
     got = back.visuals[0].frames
     assert np.array_equal(got.pixels, pixels) and got.indices == (4, 9)
     assert (got.timestamps, got.fps, got.duration) == ((2.0, 4.5), 2.0, 12.25)
@@ -229,7 +230,7 @@ def test_requests_params_and_outputs_round_trip_exactly():
 def test_a_clip_without_frames_is_refused_naming_the_request():
     req = GenerationRequest((1,), (Visual(None, None, frames=None),), "trajectory s3#0")
     with pytest.raises(ValueError, match="trajectory s3#0: clip 0 has no decoded frames"):
-        encode_request(req, 0)
+        encode_request(req)
 
 
 # ---- the servers' interpreter -----------------------------------------------------------------
