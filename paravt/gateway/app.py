@@ -60,13 +60,19 @@ class Gateway:
         self.forks: Counter = Counter()  # of finished episodes
         self.requests = 0
 
-    def open(self, episode_id: str | None = None, payload: dict | None = None) -> str:
+    def open(
+        self,
+        episode_id: str | None = None,
+        payload: dict | None = None,
+        params: SamplingParams | None = None,
+    ) -> str:
+        """Open an episode; `params` (training) replace the sampling fields of its requests."""
         eid = episode_id or uuid.uuid4().hex
         if not isinstance(eid, str) or not eid or "/" in eid:
             raise HTTPError(400, f"episode id {eid!r} must be a non-empty string without '/'")
         if eid in self.episodes:
             raise HTTPError(409, f"episode {eid!r} is already open")
-        self.episodes[eid] = Episode(eid, dict(payload or {}))
+        self.episodes[eid] = Episode(eid, dict(payload or {}), params=params)
         self.locks[eid] = asyncio.Lock()
         return eid
 
@@ -94,7 +100,7 @@ class Gateway:
     async def complete(self, episode_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """One chat completion of the episode: render, sample (batched), commit; the reply."""
         ep = self.get(episode_id)
-        params = self.sampling(body)
+        params = ep.params or self.sampling(body)
         async with self.locks[episode_id]:
             try:
                 pending = await run_in_threadpool(self.renderer.plan, ep, body.get("messages"))

@@ -27,7 +27,7 @@ from paravt.agent.loop import sampled_by
 from paravt.agent.parsing import parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
 from paravt.gateway.media import MediaConfig, RequestError, convert_message
-from paravt.rollout.engine import GenerationOutput, GenerationRequest
+from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
 from paravt.types import Frames, ParsedCall, Trajectory, Turn, Visual
 
 
@@ -56,6 +56,7 @@ class Episode:
     branches: list[Branch] = field(default_factory=list)
     forks: Counter = field(default_factory=Counter)  # reason -> count
     reward: float | None = None
+    params: SamplingParams | None = None  # set: the trainer's sampling, whatever the agent asks
 
 
 @dataclass(frozen=True)

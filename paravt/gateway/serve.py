@@ -9,7 +9,11 @@ base URL (or send the `X-Episode-Id` header); see paravt/gateway/app.py for the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from paravt.agent.prompts import FORCED_THINK
@@ -70,3 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
     return 0 if server.run() is None else 1
+
+
+@contextlib.contextmanager
+def serving(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """`http://HOST:PORT` of uvicorn serving `gateway` in a thread of this process until the
+    block ends (training's agent pool and the tests talk to it; port 0: a free one)."""
+    import uvicorn
+
+    config = uvicorn.Config(build_app(gateway), host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True, name="paravt-gateway")
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the gateway could not listen on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -9,10 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from paravt.agent import prompts
 from paravt.agent.tools import CropConfig, CropVideoTool
 from paravt.gateway.task import crop_part
 from paravt.types import ToolCall
+from paravt.video.reader import VideoReader
 from paravt.video.sampling import timestamps
 
 Send = Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -49,3 +52,25 @@ def play(send: Send, payload: dict[str, Any], source, max_rounds: int, crop=None
         if round_index + 1 >= max_rounds:
             messages.append(prompts.forced_answer_message())
     return messages
+
+
+def http_program(base_url: str, payload: dict[str, Any]) -> float:
+    """The mimic as an agent program (`paravt.gateway.rollouts`): plain HTTP to its episode's
+    OpenAI base URL, two tool rounds; it reports a reward of 1."""
+    with httpx.Client(timeout=300) as client:
+
+        def send(messages):
+            body = {"model": "paravt", "messages": messages, "temperature": 0.3}
+            reply = client.post(f"{base_url}/chat/completions", json=body)
+            reply.raise_for_status()
+            return reply.json()["choices"][0]["message"]
+
+        play(send, payload, VideoReader(), max_rounds=2)
+    return 1.0
+
+
+def failing_program(base_url: str, payload: dict[str, Any]) -> None:
+    """An agent program with a bug on the sample whose id ends in 1."""
+    if payload["sample_id"].endswith("1"):
+        raise KeyError("choices")
+    http_program(base_url, payload)

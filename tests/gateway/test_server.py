@@ -10,44 +10,26 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from transformers import AutoProcessor
 
 from paravt.agent.prompts import FORCED_THINK
 from paravt.agent.render import ChatRenderer
 from paravt.agent.tools import CropConfig
-from paravt.gateway.app import Gateway, build_app
+from paravt.gateway.app import Gateway
 from paravt.gateway.batcher import Batcher
 from paravt.gateway.episode import EpisodeRenderer
 from paravt.gateway.media import MediaConfig, video_part
+from paravt.gateway.serve import serving
 from paravt.gateway.task import task_payload
 from paravt.video.reader import VideoReader
 from tests.gateway.mimic import play, tool_messages
 from tests.gateway.test_episode import scripted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@contextlib.contextmanager
-def serving(gateway: Gateway):
-    """`http://127.0.0.1:PORT` of uvicorn serving the gateway's app in a thread."""
-    config = uvicorn.Config(build_app(gateway), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")
