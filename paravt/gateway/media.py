@@ -6,27 +6,39 @@ An agent sends OpenAI chat messages. Text parts pass through unchanged; a video 
                                         "frames": [source frame indices] | "num_frames": K,
                                         "max_pixels": 50176, "min_pixels": 0}}
 
-and is decoded by paravt's own reader (the frames paravt's loop would show: `num_frames` picks
-the overview's K frames, `frames` names a crop's indices), then becomes `{"type": "video"}`, the
-placeholder paravt's renderer expands with the clip's real timestamps. So a frame the agent's own
-tool chose reaches the policy exactly as paravt's crops do. Paths outside the media root, remote
+or, for frames the agent's own tool decoded, `{"images": [data URLs], "timestamps": [s],
+"fps": F}` in place of `url`; a lone `image_url` data URL is a still, shown as two frames as
+paravt shows a one-frame video. A video file part is decoded by paravt's own reader (the
+frames paravt's loop would show: `num_frames` picks the overview's K frames, `frames` names a
+crop's indices). Either becomes `{"type": "video"}`, the placeholder paravt's renderer expands
+with the clip's real timestamps, so the frames an agent's own tool chose reach the policy as
+paravt's crops do (a file part: exactly; images: resized bicubic, as the reader's fallback).
+Paths outside the media root, remote
 URLs and malformed parts are refused with a `RequestError` that names the problem (HTTP 400).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import numpy as np
+from PIL import Image
+
 from paravt.errors import VideoError
 from paravt.types import Frames
-from paravt.video.sampling import overview_indices
+from paravt.video.sampling import fit_pixels, overview_indices
 
 VIDEO_PART = "video_url"
 MAX_FRAMES = 256  # per video part: more is a mistake, not a clip
+_DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,(.*)", re.S)
 
 
 class RequestError(ValueError):
@@ -58,6 +70,8 @@ def local_path(url: str, root: str) -> str:
 def read_video_part(part: dict[str, Any], source, media: MediaConfig) -> Frames:
     """The frames one video part names, decoded by `source` (a paravt `FrameSource`)."""
     spec = part.get(VIDEO_PART)
+    if isinstance(spec, dict) and "images" in spec:
+        return frames_from_images(spec, media)
     if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
         raise RequestError('a video_url part needs {"video_url": {"url": "...", ...}}')
     path = local_path(spec["url"], media.root)
@@ -68,6 +82,47 @@ def read_video_part(part: dict[str, Any], source, media: MediaConfig) -> Frames:
         return source.read(path, indices, max_pixels, media.factor, int(spec.get("min_pixels", 0)))
     except VideoError as err:
         raise RequestError(str(err)) from err
+
+
+def decode_image(url: object) -> np.ndarray:
+    """The RGB pixels [H, W, 3] of a `data:image/...;base64,` URL (no other URL is fetched)."""
+    match = _DATA_URL.fullmatch(url) if isinstance(url, str) else None
+    if match is None:
+        raise RequestError("an image must be a data:image/<type>;base64,<data> URL")
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(match.group(1), validate=True)))
+        return np.asarray(image.convert("RGB"))
+    except (binascii.Error, OSError, ValueError, Image.DecompressionBombError) as err:
+        raise RequestError(f"bad image data URL: {err}") from err
+
+
+def frames_from_images(spec: dict[str, Any], media: MediaConfig) -> Frames:
+    """A clip of the agent's own frames: data URLs at `timestamps` (s) of a video at `fps`,
+    resized as paravt's reader resizes (bicubic, to fit `max_pixels` on the model's grid)."""
+    images, times, fps = spec.get("images"), spec.get("timestamps"), spec.get("fps")
+    if not isinstance(images, list) or not 0 < len(images) <= MAX_FRAMES:
+        raise RequestError(f"video_url.images must list 1..{MAX_FRAMES} image data URLs")
+    if not isinstance(times, list) or len(times) != len(images) or times != sorted(times):
+        raise RequestError("video_url.timestamps must give each image's time, in order")
+    if not isinstance(fps, (int, float)) or fps <= 0:
+        raise RequestError("video_url.fps (the source video's frame rate, > 0) is required")
+    arrays = [decode_image(u) for u in images]
+    if len({a.shape for a in arrays}) != 1:
+        raise RequestError("the images of one video_url part must share one size")
+    h, w = arrays[0].shape[:2]
+    max_pixels = int(spec.get("max_pixels", media.max_pixels))
+    height, width = fit_pixels(h, w, max_pixels, media.factor, int(spec.get("min_pixels", 0)))
+    pixels = np.stack(
+        [
+            np.asarray(Image.fromarray(a).resize((width, height), Image.Resampling.BICUBIC))
+            for a in arrays
+        ]
+    )  # [K, H, W, 3]
+    if len(arrays) == 1:  # a still: two frames, as a one-frame video is shown
+        pixels, times = np.concatenate([pixels, pixels]), [times[0], times[0]]
+    indices = tuple(round(float(t) * fps) for t in times)
+    duration = float(spec.get("duration", float(times[-1]) + 1.0 / fps))
+    return Frames(pixels, indices, tuple(float(t) for t in times), float(fps), duration)
 
 
 def _indices(spec: dict[str, Any], num_frames: int) -> list[int]:
@@ -105,8 +160,14 @@ def convert_message(
         elif kind == VIDEO_PART:
             clips.append(read_video_part(part, source, media))
             parts.append({"type": "video"})
+        elif kind == "image_url" and isinstance(part.get("image_url"), dict):
+            still = {"images": [part["image_url"].get("url")], "timestamps": [0.0], "fps": 1.0}
+            clips.append(frames_from_images(still, media))
+            parts.append({"type": "video"})
         else:
-            raise RequestError(f"content part {kind!r} is not supported: use text or video_url")
+            raise RequestError(
+                f"content part {kind!r} is not supported: use text, video_url or image_url"
+            )
     return {"role": role, "content": parts}, clips
 
 

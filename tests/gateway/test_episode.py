@@ -189,10 +189,60 @@ def test_videos_outside_the_root_and_bad_parts_are_refused(tiny, needle_samples)
         (video_part("/etc/passwd", num_frames=4), "outside"),
         (video_part("http://example.com/v.mp4", num_frames=4), "local paths"),
         (video_part(sample.video, num_frames=0), "num_frames"),
-        ({"type": "image_url", "image_url": {"url": "data:,x"}}, "not supported"),
+        ({"type": "audio", "audio": {}}, "not supported"),
     ]
     for part, words in bad:
         with pytest.raises(RequestError, match=words):
             gw.plan(Episode("e"), [{"role": "user", "content": [part]}])
     with pytest.raises(RequestError, match="last message is an assistant"):
         gw.plan(Episode("e"), [{"role": "assistant", "content": "x"}])
+
+
+def data_url(pixels) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_frames_an_agents_own_tool_decoded_reach_the_policy_as_a_crop(tiny, needle_samples):
+    """An agent crops with decord itself and sends the frames as data URLs with their times:
+    the clip's grid, indices and clock are paravt's crop's; pixels differ only by resizing."""
+    import decord
+    import numpy as np
+
+    sample, indices = needle_samples[0], [40, 42, 44, 46]
+    video = decord.VideoReader(sample.video)
+    fps = float(video.get_avg_fps())
+    own = video.get_batch(indices).asnumpy()  # [4, H, W, 3], full size
+    images = {
+        "images": [data_url(f) for f in own],
+        "timestamps": [i / fps for i in indices],
+        "fps": fps,
+    }
+    gw = gateway_for(tiny, sample.video)
+    parts = [{"type": "video_url", "video_url": images}, video_part(sample.video, indices)]
+    pending = gw.plan(Episode("e"), [{"role": "user", "content": parts}])
+    mine, paravts = pending.segment.visuals
+    assert torch.equal(mine.video_grid_thw, paravts.video_grid_thw)
+    assert mine.frames.indices == paravts.frames.indices == tuple(indices)
+    assert mine.frames.timestamps == paravts.frames.timestamps
+    diff = np.abs(mine.frames.pixels.astype(int) - paravts.frames.pixels.astype(int))
+    assert diff.mean() < 4.0  # of 255: the same frames, resized by two bicubic resizers
+
+
+def test_a_lone_image_is_a_still_and_bad_images_are_refused(tiny, needle_samples):
+    import numpy as np
+
+    gw = gateway_for(tiny, needle_samples[0].video)
+    still = {"type": "image_url", "image_url": {"url": data_url(np.zeros((64, 64, 3), np.uint8))}}
+    pending = gw.plan(Episode("e"), [{"role": "user", "content": [still]}])
+    assert pending.segment.visuals[0].frames.indices == (0, 0)  # shown twice, as a still video
+    for url, words in (("data:image/png;base64,!!", "bad image"), ("http://x/a.png", "data:")):
+        part = {"type": "image_url", "image_url": {"url": url}}
+        with pytest.raises(RequestError, match=words):
+            gw.plan(Episode("e"), [{"role": "user", "content": [part]}])
