@@ -16,6 +16,7 @@ it returns is stored as the episode's reward (as `POST /v1/episodes/<id>/reward`
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ class GatewayRollouts:
         workers: int = 16,
         system: str | None = None,
         max_new_tokens: int = 2048,
+        overview_max_pixels: int = 50176,
     ):
         self.gateway = gateway
         self.program = program
@@ -63,21 +65,41 @@ class GatewayRollouts:
         self.workers = workers
         self.system = system
         self.max_new_tokens = max_new_tokens
+        self.overview_max_pixels = overview_max_pixels
         self.rewards: dict[tuple[str, int], float] = {}  # (sample id, g) -> the agent's reward
         self.forks = 0
         self._serving = None
         self._pool: ThreadPoolExecutor | None = None
         self.url = ""
 
+    @property
+    def engine(self):
+        """The engine the gateway samples with (the DataModule swaps it as it swaps a loop's)."""
+        return self.gateway.batcher.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:
+        self.gateway.batcher.engine = engine
+
     def __enter__(self) -> GatewayRollouts:
-        self._serving = serving(self.gateway)
-        self.url = self._serving.__enter__()
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="paravt-agent")
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True)
-        self._serving.__exit__(None, None, None)
+        self.close()
+
+    def start(self) -> None:
+        """Start the server and the worker pool (once; `run` starts them if needed)."""
+        if self._pool is None:
+            self._serving = serving(self.gateway)
+            self.url = self._serving.__enter__()
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="paravt-agent")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._serving.__exit__(None, None, None)
+            self._pool = None
 
     def run(
         self,
@@ -85,15 +107,19 @@ class GatewayRollouts:
         budgets: Sequence[int],
         group_size: int,
         params: SamplingParams,
+        skip_bad_videos: bool = True,
     ) -> AgentRun:
-        """B * G rollouts by the agent program, group-major, as `AgentLoop.run` returns them."""
-        if self._pool is None:
-            raise RuntimeError("GatewayRollouts.run needs `with GatewayRollouts(...) as rollouts`")
+        """B * G rollouts by the agent program, group-major, as `AgentLoop.run` returns them
+        (`skip_bad_videos` is accepted for its signature: a failed agent never stops a step)."""
+        self.start()
+        self._serve_videos_of(samples)
         t0 = time.perf_counter()
         turn = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, self.max_new_tokens))
         jobs = []
         for sample, budget in zip(samples, budgets, strict=True):
-            payload = task_payload(sample, budget, self.source, self.system)
+            payload = task_payload(
+                sample, budget, self.source, self.system, self.overview_max_pixels
+            )
             for g in range(group_size):
                 eid = self.gateway.open(f"{sample.id}.{g}.{uuid.uuid4().hex[:8]}", payload, turn)
                 url = f"{self.url}/episodes/{eid}/v1"
@@ -101,6 +127,12 @@ class GatewayRollouts:
         errors: dict[str, str] = {}
         trajs = [self._collect(*job, errors) for job in jobs]
         return AgentRun(tuple(trajs), errors, {"agent": time.perf_counter() - t0})
+
+    def _serve_videos_of(self, samples: Sequence[Sample]) -> None:
+        """The media root: the folder holding every video of the step, and nothing wider."""
+        folders = [os.path.dirname(os.path.realpath(s.video)) for s in samples]
+        media = self.gateway.renderer.media
+        self.gateway.renderer.media = replace(media, root=os.path.commonpath(folders))
 
     def _collect(self, sample: Sample, g: int, budget: int, eid: str, future, errors) -> Trajectory:
         try:
@@ -125,4 +157,36 @@ def _failed(sample: Sample, group_index: int, budget: int) -> Trajectory:
     """The empty rollout of an agent program that failed: no tokens, scored as no answer."""
     return Trajectory(
         sample.id, group_index, (), (), (), (), 0, finish_reason=AGENT_ERROR, frame_budget=budget
+    )
+
+
+def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
+    """The rollouts of `rollout.agent_program` (a `RolloutConfig`) on `engine`: paravt's agent
+    settings (`rollout.agent`: think prefix, system prompt, token cap, overview size) shape the
+    payload and the rendering, so the same policy serves paravt's loop and the program."""
+    from paravt.agent.prompts import FORCED_THINK
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.tools import CropConfig
+    from paravt.gateway.batcher import Batcher
+    from paravt.gateway.episode import EpisodeRenderer
+    from paravt.gateway.media import MediaConfig
+    from paravt.video.reader import VideoReader
+
+    agent, crop = rollout.agent, rollout.crop or CropConfig()
+    renderer = ChatRenderer(processor)
+    # The root is narrowed to each step's video folder before its episodes open.
+    media = MediaConfig(os.sep, agent.overview_max_pixels, renderer.frame_factor)
+    prefix = FORCED_THINK if agent.force_think else ""
+    episodes = EpisodeRenderer(
+        renderer, VideoReader(), media, prefix, crop.max_calls_per_turn, agent.tool_dialect
+    )
+    gateway = Gateway(episodes, Batcher(engine), max_new_tokens=agent.max_new_tokens)
+    return GatewayRollouts(
+        gateway,
+        load_program(rollout.agent_program),
+        episodes.source,
+        rollout.agent_workers,
+        agent.system,
+        agent.max_new_tokens,
+        agent.overview_max_pixels,
     )

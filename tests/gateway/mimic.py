@@ -74,3 +74,13 @@ def failing_program(base_url: str, payload: dict[str, Any]) -> None:
     if payload["sample_id"].endswith("1"):
         raise KeyError("choices")
     http_program(base_url, payload)
+
+
+def logging_program(base_url: str, payload: dict[str, Any]) -> float:
+    """`http_program` that first appends the episode's sample id to the file named by
+    PARAVT_TEST_AGENT_LOG: a training run's proof that its rollouts were the program's."""
+    import os
+
+    with open(os.environ["PARAVT_TEST_AGENT_LOG"], "a") as log:
+        log.write(payload["sample_id"] + "\n")
+    return http_program(base_url, payload)

@@ -63,3 +63,33 @@ def test_agent_programs_are_named_module_colon_function():
         load_program("tests.gateway.mimic")
     with pytest.raises(ValueError, match="no function nope"):
         load_program("tests.gateway.mimic:nope")
+
+
+def test_training_plays_its_rollouts_with_the_agent_program(train_py, tmp_path, tiny_run_overrides):
+    log = tmp_path / "agent.log"
+    out = train_py(
+        "experiment=demo",
+        "trainer.max_steps=1",
+        "cold_start=null",
+        *tiny_run_overrides,
+        "rollout.agent.max_new_tokens=8",
+        "rollout.agent_program=tests.gateway.mimic:logging_program",
+        "rollout.agent_workers=2",
+        "callbacks.benchmark_validation.limit=1",
+        "trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+        env={"PARAVT_TEST_AGENT_LOG": str(log)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    episodes = log.read_text().splitlines()
+    # 1 step x 1 prompt x 2 rollouts by the program; the held-out validation (before and
+    # after training, 1 sample) is played by the program too.
+    assert sum(e.startswith("needle-train") for e in episodes) == 2
+    assert sum(e.startswith("needle-eval") for e in episodes) == 2
+
+
+def test_an_agent_program_needs_sync_rollouts():
+    from paravt.modules.rollout_config import RolloutConfig
+
+    with pytest.raises(ValueError, match=r"rollout\.mode=sync"):
+        RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
