@@ -15,6 +15,7 @@ from paravt.agent.scripts import call_text
 from paravt.gateway.episode import Episode, EpisodeRenderer, trajectories
 from paravt.gateway.media import MediaConfig, RequestError, video_part
 from paravt.gateway.task import task_payload
+from paravt.rewards.compose import trajectory_reward
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.hf import TransformersEngine
 from paravt.rollout.scripted import ScriptedEngine
@@ -73,6 +74,11 @@ def assert_same(ours, theirs) -> None:
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
 
 
+def assert_same_reward(ours, theirs, sample) -> None:
+    """paravt's reward (R_acc, R_fmt, R_tool) reads the same of both trajectories."""
+    assert trajectory_reward(ours, sample) == trajectory_reward(theirs, sample)
+
+
 def played_both_ways(processor, engine, sample, max_rounds: int):
     """The trajectory of `AgentLoop` and of the mimic agent through the gateway."""
     renderer = ChatRenderer(processor)
@@ -93,6 +99,7 @@ def test_scripted_conversation_matches_the_agent_loop(tiny_qwen3_dir, needle_sam
     # Turn 1 calls two crops, turn 2 answers: overview + 2 crops, 2 calls, 1 round.
     assert len(theirs.turns) == 2 and theirs.num_valid_calls == 2 and len(theirs.visuals) == 3
     assert_same(ours, theirs)
+    assert_same_reward(ours, theirs, needle_samples[0])
 
 
 def test_real_model_conversation_matches_the_agent_loop(tool_caller, needle_samples):
@@ -103,6 +110,7 @@ def test_real_model_conversation_matches_the_agent_loop(tool_caller, needle_samp
     assert theirs.num_valid_calls >= 1 and sum(theirs.loss_mask) > 0
     assert any(lp != 0.0 for lp in theirs.logprobs)
     assert_same(ours, theirs)
+    assert_same_reward(ours, theirs, needle_samples[1])
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,7 @@ def test_agent_programs_are_named_module_colon_function():
         load_program("tests.gateway.mimic:nope")
 
 
+@pytest.mark.slow
 def test_training_plays_its_rollouts_with_the_agent_program(train_py, tmp_path, tiny_run_overrides):
     log = tmp_path / "agent.log"
     out = train_py(

@@ -162,6 +162,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_gateway_cli_serves_the_tiny_model(tiny_qwen3_dir, needle_dir, needle_samples):
     port = free_port()
     argv = ["serve-gateway", "--model", str(tiny_qwen3_dir), "--media-root", str(needle_dir)]
