@@ -81,15 +81,25 @@ class Pending:
 
 def canonical(message: dict[str, Any]) -> str:
     """What of a request message decides its tokens: role and content, and for an assistant
-    turn its tool calls (id, name, arguments); fields clients add (null refusals, names) do not."""
+    turn its tool calls (id, name, arguments as JSON values: a client that re-serialises them
+    with other spacing changes nothing, the tokens hold the model's own text); fields clients
+    add (null refusals, names) do not count."""
     role = message.get("role")
     if role == "assistant":
         calls = [
-            (c.get("id"), c.get("function", {}).get("name"), c.get("function", {}).get("arguments"))
+            (c.get("id"), c.get("function", {}).get("name"), _json(c.get("function", {})))
             for c in message.get("tool_calls") or ()
         ]
-        return json.dumps([role, message.get("content") or "", calls])
+        return json.dumps([role, message.get("content") or "", calls], sort_keys=True)
     return json.dumps([role, message.get("content")], sort_keys=True)
+
+
+def _json(function: dict[str, Any]) -> Any:
+    arguments = function.get("arguments")
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
 
 
 class EpisodeRenderer:

@@ -174,6 +174,17 @@ def test_an_agent_that_changes_the_models_text_forks_a_counted_trajectory(
     assert new.token_ids[: new.prompt_length] != old.token_ids[: new.prompt_length]
 
 
+def test_tool_call_arguments_re_serialised_by_the_client_do_not_fork(tiny, needle_samples):
+    import json
+
+    send, episode, messages, _ = first_turn(tiny, needle_samples[0])
+    for call in messages[-1]["tool_calls"]:  # e.g. a framework's compact json.dumps
+        args = json.loads(call["function"]["arguments"])
+        call["function"]["arguments"] = json.dumps(args, separators=(",", ":"))
+    send(answer_turn(messages, needle_samples[0]))
+    assert not episode.forks and len(trajectories(episode)) == 1
+
+
 def test_an_edited_system_prompt_and_a_retry_fork(tiny, needle_samples):
     send, episode, messages, _ = first_turn(tiny, needle_samples[0])
     send(messages[:-1])  # the same history again: a second sample of turn 1
