@@ -4,6 +4,7 @@ Routes (docs/reuse.md, "Training an agent program through the gateway"):
     POST /v1/episodes                         open an episode: {"id"?, "payload"?} -> {"id"}
     GET  /v1/episodes/{id}                    its task payload, forks and turns so far
     POST /v1/episodes/{id}/reward             {"reward": float}: the agent's own reward
+    POST /v1/episodes/{id}/finish             close it: its trajectories' tokens, mask, log-probs
     POST /v1/chat/completions                 the episode named by the X-Episode-Id header
     POST /episodes/{id}/v1/chat/completions   the same, for clients that only set a base URL
     GET  /v1/metrics                          gateway/forks, gateway/episodes, gateway/requests
@@ -50,11 +51,13 @@ class Gateway:
         batcher: Batcher,
         max_new_tokens: int = 2048,
         max_body_bytes: int = 32 << 20,
+        max_episodes: int = 10000,
     ):
         self.renderer = episodes
         self.batcher = batcher
         self.max_new_tokens = max_new_tokens
         self.max_body_bytes = max_body_bytes
+        self.max_episodes = max_episodes  # open at once: an agent that never finishes is capped
         self.episodes: dict[str, Episode] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.forks: Counter = Counter()  # of finished episodes
@@ -72,6 +75,8 @@ class Gateway:
             raise HTTPError(400, f"episode id {eid!r} must be a non-empty string without '/'")
         if eid in self.episodes:
             raise HTTPError(409, f"episode {eid!r} is already open")
+        if len(self.episodes) >= self.max_episodes:
+            raise HTTPError(429, f"{self.max_episodes} episodes are open: finish some first")
         self.episodes[eid] = Episode(eid, dict(payload or {}), params=params)
         self.locks[eid] = asyncio.Lock()
         return eid
@@ -176,6 +181,28 @@ def _episode_routes(app: FastAPI, gateway: Gateway) -> None:
             raise HTTPError(400, 'post {"reward": <number>}')
         gateway.get(episode_id).reward = float(body["reward"])
         return {"id": episode_id, "reward": float(body["reward"])}
+
+    @app.post("/v1/episodes/{episode_id}/finish")
+    async def finish(episode_id: str):
+        ep = gateway.get(episode_id)
+        forks, reward = dict(ep.forks), ep.reward
+        trajs = gateway.finish(episode_id)
+        return {
+            "id": episode_id,
+            "forks": forks,
+            "reward": reward,
+            "trajectories": [
+                {
+                    "token_ids": list(t.token_ids),
+                    "loss_mask": list(t.loss_mask),
+                    "logprobs": list(t.logprobs),
+                    "prompt_length": t.prompt_length,
+                    "num_videos": len(t.visuals),
+                    "finish_reason": t.finish_reason,
+                }
+                for t in trajs
+            ],
+        }
 
     @app.get("/v1/metrics")
     async def metrics():

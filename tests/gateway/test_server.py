@@ -78,7 +78,7 @@ def http_sender(client: httpx.Client, base: str, eid: str, stream: bool):
     return send
 
 
-def test_plain_and_streamed_episodes_give_the_same_trajectory(url, gateway, needle_samples):
+def test_plain_and_streamed_episodes_give_the_same_trajectory(url, needle_samples):
     sample = needle_samples[0]
     payload = task_payload(sample, 4, VideoReader())
     trajs = []
@@ -89,11 +89,13 @@ def test_plain_and_streamed_episodes_give_the_same_trajectory(url, gateway, need
             assert got["frame_budget"] == 4
             messages = play(http_sender(client, url, eid, stream), got, VideoReader(), 2)
             assert messages[2]["tool_calls"][0]["function"]["name"] == "crop_video"
-            (traj,) = gateway.finish(eid, sample_id=sample.id)
-            trajs.append(traj)
-    plain, streamed = trajs
-    assert plain.token_ids == streamed.token_ids and plain.loss_mask == streamed.loss_mask
-    assert len(plain.visuals) == 3 and plain.num_valid_calls == 2  # overview + 2 crops
+            trajs.append(client.post(f"{url}/v1/episodes/{eid}/finish").json())
+            assert client.get(f"{url}/v1/episodes/{eid}").status_code == 404  # closed
+    plain, streamed = (t["trajectories"] for t in trajs)
+    assert plain == streamed and len(plain) == 1 and trajs[0]["forks"] == {}
+    # Overview + 2 crops; the two turns' tokens trained, the prompt not.
+    assert plain[0]["num_videos"] == 3 and sum(plain[0]["loss_mask"]) > 0
+    assert sum(plain[0]["loss_mask"][: plain[0]["prompt_length"]]) == 0
 
 
 def test_fifty_concurrent_episodes_share_engine_calls(url, gateway, needle_samples):
@@ -128,7 +130,7 @@ def test_fifty_concurrent_episodes_share_engine_calls(url, gateway, needle_sampl
     assert gateway.batcher.batches - calls_before < 100
 
 
-def test_hostile_requests_get_clear_errors(url, needle_samples):
+def test_hostile_requests_get_clear_errors(url, gateway, needle_samples):
     video = needle_samples[0].video
     with httpx.Client(timeout=60) as client:
         eid = client.post(f"{url}/v1/episodes", json={}).json()["id"]
@@ -149,6 +151,9 @@ def test_hostile_requests_get_clear_errors(url, needle_samples):
         assert big.status_code == 413
         assert client.post(chat, content=b"{not json").status_code == 400
         assert client.post(f"{url}/v1/episodes", json={"id": eid}).status_code == 409
+        cap, gateway.max_episodes = gateway.max_episodes, len(gateway.episodes)
+        assert client.post(f"{url}/v1/episodes", json={}).status_code == 429  # too many open
+        gateway.max_episodes = cap
         # A client that goes away mid-stream leaves the server serving.
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
         with client.stream("POST", chat, json=body) as reply:
