@@ -94,3 +94,18 @@ def test_an_agent_program_needs_sync_rollouts():
 
     with pytest.raises(ValueError, match=r"rollout\.mode=sync"):
         RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
+
+
+def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, needle_samples):
+    from paravt.gateway import example_agent
+
+    gateway = setup[0]
+    with GatewayRollouts(gateway, example_agent.run, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run(needle_samples[:1], [4], 2, GREEDY)
+    for traj in run:
+        # The scripted policy crops [2, 6] s and [10, 14] s, then answers: the agent's decord
+        # tool returns 1 fps frames, 4 a window, shown as two clips after the overview.
+        assert len(traj.visuals) == 3 and traj.num_tool_responses == 2
+        assert traj.visuals[1].frames.timestamps == (2.0, 3.0, 4.0, 5.0)
+        assert traj.visuals[2].frames.timestamps == (10.0, 11.0, 12.0, 13.0)
+        assert traj.turns[-1].text.endswith("<answer>A</answer>")
