@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paravt.rollout.server",
         "serve rollouts from vLLM over HTTP (rollout/engine=vllm_server; needs vLLM)",
     ),
+    "serve-gateway": (
+        "paravt.gateway.serve",
+        "serve an OpenAI-compatible gateway that trains any agent program (episodes)",
+    ),
     "rollout": (
         "paravt.run.inspect",
         "run the agent on a few samples and print the trajectories",

@@ -69,6 +69,10 @@ class RolloutConfig:
     vision_cache: VisionCacheConfig = field(default_factory=VisionCacheConfig)
     # The agent's tools, instantiated from `rollout.toolbox` (docs/reuse.md, "Your own tools").
     toolbox: Sequence[Any] = field(default_factory=lambda: (CropVideoTool(),))
+    # "package.module:function": rollouts by that agent program through the gateway
+    # (paravt.gateway.rollouts) on `agent_workers` threads, instead of paravt's agent loop.
+    agent_program: str | None = None
+    agent_workers: int = 16
 
     def __post_init__(self) -> None:
         check_consistency_mode(self.consistency)
@@ -77,6 +81,11 @@ class RolloutConfig:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
+        if self.agent_program and (self.mode != "sync" or self.agent_workers < 1):
+            raise ValueError(
+                f"rollout.agent_program runs in rollout.mode=sync with agent_workers >= 1, got "
+                f"mode={self.mode!r}, agent_workers={self.agent_workers}"
+            )
         if self.partial and self.mode != "async":
             raise ValueError(
                 "rollout.partial=true resumes trajectories across weight syncs of the async "

@@ -105,6 +105,11 @@ class RolloutDataModule(PromptDataModule):
         renderer = ChatRenderer(module.processor)
         cache = self.rollout.vision_cache
         self.crop_cache = CropCache(cache.crop_bytes if cache.enabled else 0)
+        if self.rollout.agent_program:  # the user's agent program, through the gateway
+            from paravt.gateway.rollouts import build_rollouts
+
+            self.agent = build_rollouts(self.rollout, self.engine, module.processor)
+            return self.agent
         self.agent = AgentLoop(
             self.engine,
             renderer,

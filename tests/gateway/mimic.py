@@ -1,0 +1,86 @@
+"""An agent program that plays paravt's own loop through the gateway: the task payload's
+messages, then per turn each valid call cropped with the frames paravt's `crop_video` would pick,
+sent back as tool messages with a video part, and the forced-answer message after the last tool
+round. Played against the same engine, it must give `AgentLoop`'s trajectory token for token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from paravt.agent import prompts
+from paravt.agent.tools import CropConfig, CropVideoTool
+from paravt.gateway.task import crop_part
+from paravt.types import ToolCall
+from paravt.video.reader import VideoReader
+from paravt.video.sampling import timestamps
+
+Send = Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+def tool_messages(reply: dict[str, Any], video: str, source, crop: CropConfig) -> list[dict]:
+    """One tool message per call of `reply`, as paravt renders a crop (or its error text)."""
+    out = []
+    info = source.info(video)
+    for call in reply.get("tool_calls", []):
+        args = json.loads(call["function"]["arguments"])
+        plan = CropVideoTool().plan(ToolCall(call["function"]["name"], args), info, crop)
+        if isinstance(plan, str):
+            out.append({"role": "tool", "tool_call_id": call["id"], "content": f"Error: {plan}"})
+            continue
+        start, end = plan.window
+        times = prompts.format_times(timestamps(plan.indices, info.fps))
+        text = f"crop_video {start:.1f}s-{end:.1f}s, frames at {times}:\n"
+        content = [{"type": "text", "text": text}, crop_part(video, plan.indices, crop)]
+        out.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    return out
+
+
+def play(send: Send, payload: dict[str, Any], source, max_rounds: int, crop=None) -> list:
+    """Run one episode through `send`; the final message list."""
+    crop = crop or CropConfig()
+    messages = [dict(m) for m in payload["messages"]]
+    for round_index in range(max_rounds + 1):
+        reply = send(messages)
+        messages.append(reply)
+        if "tool_calls" not in reply or round_index >= max_rounds:
+            break
+        messages += tool_messages(reply, payload["video"], source, crop)
+        if round_index + 1 >= max_rounds:
+            messages.append(prompts.forced_answer_message())
+    return messages
+
+
+def http_program(base_url: str, payload: dict[str, Any]) -> float:
+    """The mimic as an agent program (`paravt.gateway.rollouts`): plain HTTP to its episode's
+    OpenAI base URL, two tool rounds; it reports a reward of 1."""
+    with httpx.Client(timeout=300) as client:
+
+        def send(messages):
+            body = {"model": "paravt", "messages": messages, "temperature": 0.3}
+            reply = client.post(f"{base_url}/chat/completions", json=body)
+            reply.raise_for_status()
+            return reply.json()["choices"][0]["message"]
+
+        play(send, payload, VideoReader(), max_rounds=2)
+    return 1.0
+
+
+def failing_program(base_url: str, payload: dict[str, Any]) -> None:
+    """An agent program with a bug on the sample whose id ends in 1."""
+    if payload["sample_id"].endswith("1"):
+        raise KeyError("choices")
+    http_program(base_url, payload)
+
+
+def logging_program(base_url: str, payload: dict[str, Any]) -> float:
+    """`http_program` that first appends the episode's sample id to the file named by
+    PARAVT_TEST_AGENT_LOG: a training run's proof that its rollouts were the program's."""
+    import os
+
+    with open(os.environ["PARAVT_TEST_AGENT_LOG"], "a") as log:
+        log.write(payload["sample_id"] + "\n")
+    return http_program(base_url, payload)

@@ -1,0 +1,111 @@
+"""Training's rollouts by an agent program through the gateway: the same trajectories as
+`AgentLoop` for the same policy, a failing agent isolated, programs named in config form."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoProcessor
+
+from paravt.agent.loop import AgentConfig, AgentLoop
+from paravt.agent.prompts import FORCED_THINK
+from paravt.agent.render import ChatRenderer
+from paravt.gateway.app import Gateway
+from paravt.gateway.batcher import Batcher
+from paravt.gateway.episode import EpisodeRenderer
+from paravt.gateway.media import MediaConfig
+from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
+from paravt.rollout.engine import SamplingParams
+from paravt.video.reader import VideoReader
+from tests.gateway.mimic import failing_program, http_program
+from tests.gateway.test_episode import scripted
+
+GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_qwen3_dir, needle_dir):
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    renderer = ChatRenderer(processor)
+    media = MediaConfig(root=str(needle_dir), factor=renderer.frame_factor)
+    episodes = EpisodeRenderer(renderer, VideoReader(), media, prefix=FORCED_THINK)
+    engine = scripted(processor.tokenizer)
+    return Gateway(episodes, Batcher(engine)), engine, renderer
+
+
+def test_agent_program_rollouts_equal_the_agent_loops(setup, needle_samples):
+    gateway, engine, renderer = setup
+    samples = needle_samples[:2]
+    loop = AgentLoop(engine, renderer, VideoReader(), AgentConfig(max_rounds=2))
+    theirs = loop.run(samples, [4, 4], 2, GREEDY)
+    with GatewayRollouts(gateway, http_program, VideoReader(), workers=4) as rollouts:
+        ours = rollouts.run(samples, [4, 4], 2, GREEDY)  # the agent's temperature is overridden
+    assert len(ours) == 4 and not ours.video_errors and rollouts.forks == 0
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.sample_id, a.group_index) == (b.sample_id, b.group_index)
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert a.logprobs == b.logprobs and len(a.visuals) == len(b.visuals) == 3
+    assert rollouts.rewards == {(s.id, g): 1.0 for s in samples for g in range(2)}
+
+
+def test_a_failing_agent_program_fails_only_its_rollouts(setup, needle_samples):
+    gateway = setup[0]
+    samples = needle_samples[:2]  # ids ...00000 and ...00001
+    with GatewayRollouts(gateway, failing_program, VideoReader(), workers=4) as rollouts:
+        run = rollouts.run(samples, [4, 4], 2, GREEDY)
+    assert [t.finish_reason for t in run] == ["stop", "stop", AGENT_ERROR, AGENT_ERROR]
+    assert "KeyError" in run.video_errors[samples[1].id]
+    assert not gateway.episodes  # every episode closed
+
+
+def test_agent_programs_are_named_module_colon_function():
+    assert load_program("tests.gateway.mimic:http_program") is http_program
+    with pytest.raises(ValueError, match=r"package\.module:function"):
+        load_program("tests.gateway.mimic")
+    with pytest.raises(ValueError, match="no function nope"):
+        load_program("tests.gateway.mimic:nope")
+
+
+@pytest.mark.slow
+def test_training_plays_its_rollouts_with_the_agent_program(train_py, tmp_path, tiny_run_overrides):
+    log = tmp_path / "agent.log"
+    out = train_py(
+        "experiment=demo",
+        "trainer.max_steps=1",
+        "cold_start=null",
+        *tiny_run_overrides,
+        "rollout.agent.max_new_tokens=8",
+        "rollout.agent_program=tests.gateway.mimic:logging_program",
+        "rollout.agent_workers=2",
+        "callbacks.benchmark_validation.limit=1",
+        "trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+        env={"PARAVT_TEST_AGENT_LOG": str(log)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    episodes = log.read_text().splitlines()
+    # 1 step x 1 prompt x 2 rollouts by the program; the held-out validation (before and
+    # after training, 1 sample) is played by the program too.
+    assert sum(e.startswith("needle-train") for e in episodes) == 2
+    assert sum(e.startswith("needle-eval") for e in episodes) == 2
+
+
+def test_an_agent_program_needs_sync_rollouts():
+    from paravt.modules.rollout_config import RolloutConfig
+
+    with pytest.raises(ValueError, match=r"rollout\.mode=sync"):
+        RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
+
+
+def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, needle_samples):
+    from paravt.gateway import example_agent
+
+    gateway = setup[0]
+    with GatewayRollouts(gateway, example_agent.run, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run(needle_samples[:1], [4], 2, GREEDY)
+    for traj in run:
+        # The scripted policy crops [2, 6] s and [10, 14] s, then answers: the agent's decord
+        # tool returns 1 fps frames, 4 a window, shown as two clips after the overview.
+        assert len(traj.visuals) == 3 and traj.num_tool_responses == 2
+        assert traj.visuals[1].frames.timestamps == (2.0, 3.0, 4.0, 5.0)
+        assert traj.visuals[2].frames.timestamps == (10.0, 11.0, 12.0, 13.0)
+        assert traj.turns[-1].text.endswith("<answer>A</answer>")

@@ -1,0 +1,194 @@
+"""The gateway on a real loopback server (uvicorn): plain and streamed completions, 50 episodes
+at once sharing engine calls, hostile requests, and `paravt serve-gateway` on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from transformers import AutoProcessor
+
+from paravt.agent.prompts import FORCED_THINK
+from paravt.agent.render import ChatRenderer
+from paravt.agent.tools import CropConfig
+from paravt.gateway.app import Gateway
+from paravt.gateway.batcher import Batcher
+from paravt.gateway.episode import EpisodeRenderer
+from paravt.gateway.media import MediaConfig, video_part
+from paravt.gateway.serve import serving
+from paravt.gateway.task import task_payload
+from paravt.video.reader import VideoReader
+from tests.gateway.mimic import play, tool_messages
+from tests.gateway.test_episode import scripted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_qwen3_dir, needle_dir):
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    renderer = ChatRenderer(processor)
+    media = MediaConfig(root=str(needle_dir), factor=renderer.frame_factor)
+    episodes = EpisodeRenderer(renderer, VideoReader(), media, prefix=FORCED_THINK)
+    engine = scripted(processor.tokenizer)
+    return Gateway(episodes, Batcher(engine, max_batch=64), max_body_bytes=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def url(gateway):
+    with serving(gateway) as base:
+        yield base
+
+
+def stream_reply(lines) -> dict:
+    """The assistant message assembled from OpenAI stream chunks (SSE `data:` lines)."""
+    message: dict = {"role": "assistant", "content": ""}
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        delta = json.loads(line[6:])["choices"][0]["delta"]
+        message["content"] += delta.get("content") or ""
+        if "tool_calls" in delta:
+            message["tool_calls"] = [
+                {k: v for k, v in c.items() if k != "index"} for c in delta["tool_calls"]
+            ]
+    return message
+
+
+def http_sender(client: httpx.Client, base: str, eid: str, stream: bool):
+    def send(messages):
+        body = {"model": "paravt", "messages": messages, "temperature": 0, "stream": stream}
+        path = f"{base}/episodes/{eid}/v1/chat/completions"
+        if not stream:
+            reply = client.post(path, json=body)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["choices"][0]["message"]
+        with client.stream("POST", path, json=body) as reply:
+            assert reply.headers["content-type"].startswith("text/event-stream")
+            return stream_reply(list(reply.iter_lines()))
+
+    return send
+
+
+def test_plain_and_streamed_episodes_give_the_same_trajectory(url, needle_samples):
+    sample = needle_samples[0]
+    payload = task_payload(sample, 4, VideoReader())
+    trajs = []
+    with httpx.Client(timeout=60) as client:
+        for stream in (False, True):
+            eid = client.post(f"{url}/v1/episodes", json={"payload": payload}).json()["id"]
+            got = client.get(f"{url}/v1/episodes/{eid}").json()["payload"]
+            assert got["frame_budget"] == 4
+            messages = play(http_sender(client, url, eid, stream), got, VideoReader(), 2)
+            assert messages[2]["tool_calls"][0]["function"]["name"] == "crop_video"
+            trajs.append(client.post(f"{url}/v1/episodes/{eid}/finish").json())
+            assert client.get(f"{url}/v1/episodes/{eid}").status_code == 404  # closed
+    plain, streamed = (t["trajectories"] for t in trajs)
+    assert plain == streamed and len(plain) == 1 and trajs[0]["forks"] == {}
+    # Overview + 2 crops; the two turns' tokens trained, the prompt not.
+    assert plain[0]["num_videos"] == 3 and sum(plain[0]["loss_mask"]) > 0
+    assert sum(plain[0]["loss_mask"][: plain[0]["prompt_length"]]) == 0
+
+
+def test_fifty_concurrent_episodes_share_engine_calls(url, gateway, needle_samples):
+    sample = needle_samples[0]
+    payload = task_payload(sample, 4, VideoReader())
+    calls_before = gateway.batcher.batches
+
+    async def episode(client: httpx.AsyncClient, i: int) -> str:
+        eid = (await client.post(f"{url}/v1/episodes", json={"id": f"ep{i}"})).json()["id"]
+        messages = list(payload["messages"])
+        for _ in range(2):
+            body = {"messages": messages, "temperature": 0}
+            reply = await client.post(
+                f"{url}/v1/chat/completions", json=body, headers={"X-Episode-Id": eid}
+            )
+            assert reply.status_code == 200, reply.text
+            message = reply.json()["choices"][0]["message"]
+            tools = tool_messages(message, sample.video, VideoReader(), CropConfig())
+            messages = [*messages, message, *tools]
+        return eid
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(episode(client, i) for i in range(50)))
+
+    eids = asyncio.run(main())
+    trajs = [gateway.finish(e) for e in eids]
+    # Every episode: one trajectory (no fork), 2 turns, its own tokens equal to the others'.
+    assert all(len(t) == 1 and len(t[0].turns) == 2 for t in trajs)
+    assert len({t[0].token_ids for t in trajs}) == 1
+    # 100 requests, batched: fewer engine calls than requests.
+    assert gateway.batcher.batches - calls_before < 100
+
+
+def test_hostile_requests_get_clear_errors(url, gateway, needle_samples):
+    video = needle_samples[0].video
+    with httpx.Client(timeout=60) as client:
+        eid = client.post(f"{url}/v1/episodes", json={}).json()["id"]
+        chat = f"{url}/episodes/{eid}/v1/chat/completions"
+
+        def status(content, path=chat, **kw):
+            body = {"messages": [{"role": "user", "content": content}]}
+            reply = client.post(path, json=body, **kw)
+            return reply.status_code, reply.json()["error"]["message"]
+
+        outside = video_part(os.path.join(os.path.dirname(video), "..", "..", "x.mp4"), [0, 1])
+        assert status([outside])[0] == 400 and "outside" in status([outside])[1]
+        bad_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}
+        assert status([bad_url])[0] == 400
+        assert status("hi", f"{url}/episodes/nope/v1/chat/completions")[0] == 404
+        assert status("hi", f"{url}/v1/chat/completions")[0] == 400  # no episode named
+        big = client.post(chat, content=b"x" * (100 << 20))  # 100 MB, limit 1 MB here
+        assert big.status_code == 413
+        assert client.post(chat, content=b"{not json").status_code == 400
+        assert client.post(f"{url}/v1/episodes", json={"id": eid}).status_code == 409
+        cap, gateway.max_episodes = gateway.max_episodes, len(gateway.episodes)
+        assert client.post(f"{url}/v1/episodes", json={}).status_code == 429  # too many open
+        gateway.max_episodes = cap
+        # A client that goes away mid-stream leaves the server serving.
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with client.stream("POST", chat, json=body) as reply:
+            next(reply.iter_lines())
+        assert client.get(f"{url}/v1/metrics").json()["gateway/forks"] >= 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_serve_gateway_cli_serves_the_tiny_model(tiny_qwen3_dir, needle_dir, needle_samples):
+    port = free_port()
+    argv = ["serve-gateway", "--model", str(tiny_qwen3_dir), "--media-root", str(needle_dir)]
+    argv += ["--port", str(port), "--force-think", "--max-new-tokens", "16"]
+    cmd = [sys.executable, "-c", "import sys; from paravt.cli import main; sys.exit(main())", *argv]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(timeout=120) as client:
+            for _ in range(600):
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{base}/v1/models").status_code == 200:
+                        break
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+            payload = task_payload(needle_samples[0], 4, VideoReader())
+            eid = client.post(f"{base}/v1/episodes", json={"payload": payload}).json()["id"]
+            reply = http_sender(client, base, eid, stream=True)(payload["messages"])
+            assert reply["content"].startswith(FORCED_THINK)
+            assert client.get(f"{base}/v1/episodes/{eid}").json()["turns"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(30)
