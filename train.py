@@ -41,7 +41,7 @@ def check_inputs(cfg: DictConfig) -> None:
     (`paravt check-recipe`'s checks), or a missing model or data path, before anything is built,
     generated or logged."""
     from paravt.errors import UserError
-    from paravt.run.recipe import missing_installs, problems
+    from paravt.run.recipe_problems import missing_installs, problems
 
     check_config(cfg)
     found = problems(cfg) + missing_installs(cfg)

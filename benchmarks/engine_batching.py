@@ -21,7 +21,7 @@ from paravt.agent.render import ChatRenderer
 from paravt.data.datasets import load_samples
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
 from paravt.rollout.engine import GenerationRequest, SamplingParams
-from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.engines.hf import TransformersEngine
 from paravt.video.reader import VideoReader
 from paravt.video.sampling import uniform_indices
 from paravt.video.synthetic import NeedleConfig, generate

@@ -30,7 +30,7 @@ from paravt.data.datasets import load_samples
 from paravt.models.qwen_vl import mm_token_type_ids, visual_kwargs
 from paravt.models.tiny import TinyModelConfig, build_tiny_model
 from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 from paravt.video.synthetic import NeedleConfig, generate
 

@@ -38,15 +38,15 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
 from paravt.agent.tools import CropConfig
+from paravt.generator.async_rollouts import split_cores
+from paravt.generator.worker import AsyncGenerator, GeneratorSpec, GenTask
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.models.loading import PolicySpec, load_policy
-from paravt.modules.async_rollouts import split_cores
-from paravt.modules.async_worker import AsyncGenerator, GeneratorSpec, GenTask
 from paravt.rl.losses import decoupled_ppo_loss
 from paravt.rollout.engine import EngineConfig, GenerationOutput, SamplingParams
-from paravt.rollout.hf import TransformersEngine
-from paravt.rollout.shared_weights import SharedWeights
-from paravt.rollout.staleness import last_startable_step, version_metrics
+from paravt.rollout.engines.hf import TransformersEngine
+from paravt.rollout.sync.shared_weights import SharedWeights
+from paravt.rollout.sync.staleness import last_startable_step, version_metrics
 from paravt.video.reader import VideoReader
 
 AGENT = AgentConfig(max_rounds=5, max_new_tokens=48, max_total_tokens=8192)
@@ -88,7 +88,7 @@ class TurnScript:
 
 def scripted_main(*args) -> None:
     """The generator process of the benchmark: `generator_main` with its engine scripted."""
-    from paravt.modules import async_worker
+    from paravt.generator import worker as async_worker
 
     build = async_worker._build
 

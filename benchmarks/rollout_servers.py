@@ -30,7 +30,7 @@ from async_vs_sync import StepClock, cold_start, demo_cfg, scalars
 
 
 def rl(tmp: Path, model: Path, engine: str, mode: str, steps: int, limit: int, url: str):
-    from paravt.rollout.server_client import http_json
+    from paravt.rollout.serving.client import http_json
     from paravt.run.build import build_run
 
     run_dir = tmp / f"{engine}-{mode}"
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval", type=int, default=16, help="held-out prompts scored at the end")
     args = p.parse_args(argv)
     from paravt.rollout.engine import EngineConfig
-    from paravt.rollout.server_launch import start_server
+    from paravt.rollout.serving.launch import start_server
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ def _trajectories(path: Path, sample, batch: int):
     from paravt.agent.render import ChatRenderer
     from paravt.agent.scripts import call_text
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     processor = AutoProcessor.from_pretrained(path)

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Tool Prior Paradox: Figure 4 and the f_tau / kappa table from run folders",
     ),
     "serve-rollout": (
-        "paravt.rollout.server",
+        "paravt.rollout.serving.server",
         "serve rollouts from vLLM over HTTP (rollout/engine=vllm_server; needs vLLM)",
     ),
     "serve-gateway": (

@@ -159,11 +159,11 @@ def _tiny(tmp_path_factory, name: str, cfg: TinyModelConfig) -> Path:
 @pytest.fixture
 def own_vllm_engines():
     """For a test that starts in-process vLLM engines of its own, directly or through a run:
-    vLLM's parallel state is process-wide (paravt/rollout/vllm.py), so the worker's shared
+    vLLM's parallel state is process-wide (paravt/rollout/engines/vllm.py), so the worker's shared
     engine (tests/rollout/conftest.py), if open, is closed first (the next module that needs it
     starts it again), and the test's are closed at its end, not whenever the garbage collector
     finds them, in the middle of another module's engine's life."""
-    from paravt.rollout.vllm import close_engines
+    from paravt.rollout.engines.vllm import close_engines
 
     close_engines()
     yield
@@ -279,7 +279,7 @@ def _build_tool_caller(tiny_qwen3_dir, needle_samples):
     from paravt.agent.scripts import needle_teacher
     from paravt.modules.sft import supervised_steps
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     torch_seed = 0

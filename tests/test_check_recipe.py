@@ -192,7 +192,8 @@ def test_the_plans_engine_copy_is_the_measured_copy_of_the_tiny_model(dtype, lab
     from paravt.rollout.engine import EngineConfig
     from paravt.rollout.factory import engine_copy
     from paravt.run.memory_plan import plan
-    from paravt.run.recipe import compose, plan_inputs
+    from paravt.run.recipe_memory import plan_inputs
+    from paravt.run.recipe_problems import compose
 
     path = f"model.path={tiny_qwen3_dir}"
     cfg = compose(["experiment=paragrpo", "rollout/engine=hf", path, f"model.dtype={dtype}"])
@@ -257,7 +258,7 @@ def test_devices_that_do_not_add_up_exit_2_naming_the_fix(overrides, errors, cap
 
 def test_train_py_runs_the_device_checks_but_not_the_nodes_gpu_count():
     """`problems` is what train.py checks at start-up; the GPU count is check-recipe's flag."""
-    from paravt.run.recipe import compose, problems
+    from paravt.run.recipe_problems import compose, problems
 
     found = [str(p) for p in problems(compose([*ONE_PLUS_SEVEN[:1], "trainer.devices=8"]))]
     assert len(found) == 1 and "GPU(s) [7] would hold both a trainer rank" in found[0]
@@ -286,7 +287,7 @@ def test_a_multi_node_run_with_servers_paravt_starts_is_told_to_name_them(capsys
 
 def test_on_a_cpu_the_servers_need_no_gpu_ids():
     """The CPU demo with rollout/engine=vllm_server: servers share the machine's cores."""
-    from paravt.run.recipe import compose, device_count_problems, problems
+    from paravt.run.recipe_problems import compose, device_count_problems, problems
 
     cfg = compose(["rollout/engine=vllm_server", "rollout.engine.devices=[0]"])
     assert cfg.trainer.accelerator == "cpu"
@@ -324,7 +325,8 @@ def test_the_trainers_plan_with_servers_drops_only_the_engine():
     from dataclasses import replace
 
     from paravt.run.memory_plan import plan
-    from paravt.run.recipe import compose, plan_inputs
+    from paravt.run.recipe_memory import plan_inputs
+    from paravt.run.recipe_problems import compose
 
     size = PUBLISHED["qwen3_vl_8b"]
     servers = plan_inputs(compose(ONE_PLUS_SEVEN), 80.0)

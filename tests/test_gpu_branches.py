@@ -68,7 +68,7 @@ def documented() -> dict[tuple[str, str], str]:
 
 def test_every_gpu_branch_is_listed_with_its_forcing_test():
     found, listed = gpu_branches(), documented()
-    assert ("paravt/rollout/vllm.py", "placement_kwargs") in found  # the walk sees them
+    assert ("paravt/rollout/engines/vllm.py", "placement_kwargs") in found  # the walk sees them
     assert not found - set(listed), f"add to docs/development.md: {sorted(found - set(listed))}"
     assert not set(listed) - found, f"no such branch any more: {sorted(set(listed) - found)}"
 

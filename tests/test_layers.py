@@ -69,6 +69,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.agent",),  # the agent protocol on an engine
     ("paravt.data",),  # datasets, SFT encoding, PromptDataModule
     ("paravt.eval",),  # benchmark adapters, scoring, runner
+    ("paravt.generator",),  # the asynchronous rollout generator process and its messages
     ("paravt.modules",),  # Lightning objects
     ("paravt.callbacks",),  # Lightning callbacks (the top-level callbacks/ folder)
     ("paravt.run",),  # run assembly, cold start, reports, `paravt rollout`
@@ -167,7 +168,7 @@ def test_the_checks_see_an_upward_import_and_a_circle():
     assert _layer("paravt.run.b") > _layer("paravt.rl.a")
     assert _cycle(graph) == ["paravt.rl.a", "paravt.run.b", "paravt.rl.a"]
     real = _graph()
-    assert "paravt.rollout.engine" in real["paravt.rollout.vllm"]  # edges are really read
+    assert "paravt.rollout.engine" in real["paravt.rollout.engines.vllm"]  # edges are really read
     assert "paravt.models.qwen_vl" in real["paravt.models.forward"]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from paravt.agent.loop import AgentLoop
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.weight_sync import WeightSync
+from paravt.rollout.sync.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample
 
 

@@ -1,8 +1,8 @@
 """Scripted agent behaviour on the synthetic needle task: the teacher for self-traced trajectories.
 
-`needle_teacher` returns a responder for `paravt.rollout.scripted.ScriptedEngine`. In its first
-turn it thinks briefly and calls `crop_video` in parallel; after the tool responses it answers.
-Strategies: "oracle" crops around the ground-truth windows; "search" covers the question's
+`needle_teacher` returns a responder for `paravt.rollout.engines.scripted.ScriptedEngine`. In its
+first turn it thinks briefly and calls `crop_video` in parallel; after the tool responses it
+answers. Strategies: "oracle" crops around the ground-truth windows; "search" covers the question's
 hinted span with as many parallel crops as the crop cap requires (what a good policy should learn
 to do); "unhinted" covers the rest of the video instead (a confused searcher); "direct" calls no
 tool and answers from the overview at once. The last two make an imperfect teacher: `teacher_plan`

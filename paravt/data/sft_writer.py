@@ -117,7 +117,7 @@ def teacher_rows(
     from paravt.agent.render import ChatRenderer
     from paravt.agent.scripts import distinct_question_batches, needle_teacher
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     renderer = ChatRenderer(processor)

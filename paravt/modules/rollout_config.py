@@ -54,10 +54,10 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
-    # async: a generator process overlaps generation with the update (modules/async_rollouts.py)
+    # async: a generator process overlaps generation with the update (generator/async_rollouts.py)
     mode: str = "sync"
     # async: in-flight trajectories pause at each weight sync and resume with the new weights
-    # (modules/partial_rollouts.py); each token records the policy version that sampled it.
+    # (generator/partial_rollouts.py); each token records the policy version that sampled it.
     partial: bool = False
     generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
     # async: seconds to wait for a step's rollouts before failing the run (None: for ever)

@@ -39,8 +39,8 @@ from paravt.rollout.consistency import VisionSpec, apply_policy, check_trajector
 from paravt.rollout.engine import RolloutEngine, SamplingParams, derive_seed
 from paravt.rollout.factory import build_engine
 from paravt.rollout.records import RolloutBatch
-from paravt.rollout.staleness import oldest_version, version_metrics
-from paravt.rollout.weight_sync import WeightSync
+from paravt.rollout.sync.staleness import oldest_version, version_metrics
+from paravt.rollout.sync.weight_sync import WeightSync
 from paravt.types import AgentRun, Sample, Trajectory
 from paravt.video.reader import VideoReader
 
@@ -229,7 +229,7 @@ class RolloutDataModule(PromptDataModule):
         agent = self.connect(module)
         decoded = self._start_step_caches(agent)  # async too: the trainer's passes fill it
         if self.rollout.mode == "async":
-            from paravt.modules.async_rollouts import AsyncRollouts, rollout_batch
+            from paravt.generator.async_rollouts import AsyncRollouts, rollout_batch
 
             if self.async_rollouts is None:
                 self.async_rollouts = AsyncRollouts(self, module)
@@ -278,7 +278,7 @@ class RolloutDataModule(PromptDataModule):
     ) -> RolloutBatch:
         """The step's `RolloutBatch` (both modes): the consistency check applied, the staleness
         taken from the oldest token (`version` when the trajectories record none) and the
-        tokens' policy versions summarised (`paravt.rollout.staleness.version_metrics`)."""
+        tokens' policy versions summarised (`paravt.rollout.sync.staleness.version_metrics`)."""
         cfg = self.rollout
         t0 = time.perf_counter()
         trajs, checked = self.check_consistency(batch.step, trajs, module)

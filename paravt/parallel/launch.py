@@ -79,7 +79,7 @@ def end_job(ok: bool = True) -> None:
     from paravt.parallel.collectives import leave_group
 
     leave_group(wait_for_peers=ok)
-    vllm_engines = sys.modules.get("paravt.rollout.vllm")  # imported only by a vLLM run
+    vllm_engines = sys.modules.get("paravt.rollout.engines.vllm")  # imported only by a vLLM run
     if vllm_engines is not None:
         vllm_engines.close_engines()  # the next job's engine starts on vLLM's clean state
     for key, value in _before_job.items():  # what the launcher set for this job only

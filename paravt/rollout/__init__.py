@@ -1,4 +1,5 @@
-"""Rollout engines: the contract, the transformers / vLLM / scripted engines and the factory.
+"""Rollout engines: the contract, the factory, and by role: engines/ (transformers, vLLM,
+scripted), serving/ (rollout servers), sync/ (weights to engines).
 
 `build_engine(cfg, model, processor)` is the one way to make an engine from a config.
 """

@@ -147,7 +147,7 @@ class EngineConfig:
     max_videos_per_prompt: int = 16  # overview + crops of one context
     sync_bucket_mb: int = 256
     seed: int = 0
-    # vllm_server only (paravt.rollout.server_client): running servers' URLs, or none to start
+    # vllm_server only (paravt.rollout.serving.client): running servers' URLs, or none to start
     # `num_servers` with `server_python` ("auto": this interpreter if it has vLLM, else
     # .venv-vllm's) on the GPUs `devices` (num_servers x tensor_parallel_size of them, none of
     # the trainer's; numbered as the trainer sees them, i.e. within its CUDA_VISIBLE_DEVICES;
@@ -160,7 +160,7 @@ class EngineConfig:
     server_log_dir: str = ""
     server_start_timeout_s: float = 900.0
     server_request_timeout_s: float = 3600.0
-    # vllm_server only: how the weights reach the servers (paravt.rollout.server_nccl):
+    # vllm_server only: how the weights reach the servers (paravt.rollout.serving.nccl):
     # "checkpoint" (a full checkpoint in `sync_dir`, any device) or "nccl" (vLLM's NCCL weight
     # transfer from the trainer's rank 0, GPUs only); the address and port the servers reach
     # rank 0 at ("": loopback for servers on this machine, else this host's; 0: a free port).
@@ -196,7 +196,7 @@ class EngineConfig:
     def server_gpus(self, i: int) -> tuple[int, ...] | None:
         """The GPUs of started server `i`, as the trainer's process counts them (`cuda:k`; the
         server's CUDA_VISIBLE_DEVICES maps them through the trainer's own,
-        `paravt.rollout.server_launch.server_env`): its tensor_parallel_size ids of `devices` in
+        `paravt.rollout.serving.launch.server_env`): its tensor_parallel_size ids of `devices` in
         order; None (inherit) when `devices` is empty."""
         if not self.devices:
             return None

@@ -17,7 +17,7 @@ call site: `train.py` (through the `RolloutDataModule`), `evaluate.py`, `Benchma
   started here on `model_path` (or an export) with `server_python`; no vLLM import in this
   process.
 
-When an engine is synced is `paravt.rollout.weight_sync.WeightSync`'s business, and how its
+When an engine is synced is `paravt.rollout.sync.weight_sync.WeightSync`'s business, and how its
 weights are gathered `iter_weights`'s.
 """
 
@@ -32,7 +32,7 @@ from paravt.rollout.engine import EngineConfig, RolloutEngine
 
 def _hf(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
     from paravt.parallel.distributed import is_sharded
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
 
     own = model if share_weights and not is_sharded(model) else engine_copy(model, cfg)
     return TransformersEngine(own, processor.tokenizer, sync_bucket_bytes=cfg.sync_bucket_mb << 20)
@@ -64,13 +64,13 @@ def engine_copy(model, cfg: EngineConfig):
     """An unsharded, frozen copy of `model` with its current weights at the engine's dtype
     (`engine_dtype`): a deep copy when nothing changes, otherwise a fresh module of the same
     config (rotary tables as transformers builds them) filled bucket by bucket from the full
-    weights (`paravt.rollout.weight_sync.iter_weights`: gathered from the shards of an FSDP2
+    weights (`paravt.rollout.sync.weight_sync.iter_weights`: gathered from the shards of an FSDP2
     model, merged for a LoRA one)."""
     import torch
 
     from paravt.models.lora import is_lora
     from paravt.parallel.distributed import is_sharded, load_buckets, on_meta
-    from paravt.rollout.weight_sync import iter_weights
+    from paravt.rollout.sync.weight_sync import iter_weights
 
     if on_meta(model):
         raise RuntimeError(
@@ -105,7 +105,7 @@ def check_context(max_model_len: int, model_config) -> None:
 
 
 def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
-    from paravt.rollout.vllm import VLLMEngine
+    from paravt.rollout.engines.vllm import VLLMEngine
 
     check_context(cfg.max_model_len, getattr(model, "config", None))
     if cfg.dtype == "auto":  # vLLM's own "auto" would serve an fp32 checkpoint in 16 bits
@@ -116,9 +116,9 @@ def _vllm(cfg: EngineConfig, model, processor, model_path, share_weights) -> Rol
 def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights) -> RolloutEngine:
     from paravt.models.lora import is_lora
     from paravt.parallel.collectives import on_rank0
-    from paravt.rollout.server_checkpoint import model_manifest
-    from paravt.rollout.server_client import ServerEngine
-    from paravt.rollout.server_nccl import check_cuda
+    from paravt.rollout.serving.checkpoint import model_manifest
+    from paravt.rollout.serving.client import ServerEngine
+    from paravt.rollout.serving.nccl import check_cuda
 
     check_cuda(cfg.weight_transfer)  # nccl without CUDA: refused before any server starts
     if cfg.dtype == "auto":
@@ -140,7 +140,7 @@ def _vllm_server(cfg: EngineConfig, model, processor, model_path, share_weights)
 def _start_servers(cfg: EngineConfig, model, processor, model_path, out: list) -> list[str]:
     """Start `cfg.num_servers` servers (appended to `out`); their URLs. A failed start stops
     the ones already up."""
-    from paravt.rollout.server_launch import server_python, start_server
+    from paravt.rollout.serving.launch import server_python, start_server
 
     python = server_python(cfg.server_python)
     path = model_path or export_model(model, processor)

@@ -138,7 +138,7 @@ def maybe_cold_start(cfg: DictConfig, run: Run) -> Run:
             ),  # it syncs the engine with the new weights before measuring anything
         )
     if result.cached:  # an engine with its own weights (vLLM, a stale-allowed copy) needs them
-        from paravt.rollout.weight_sync import WeightSync
+        from paravt.rollout.sync.weight_sync import WeightSync
 
         WeightSync.changed(dm.engine, run.module.policy, run.module.policy_version)
     return replace(run, cold_start=result)

@@ -28,8 +28,8 @@ from paravt.agent.scripts import distinct_question_batches, needle_teacher, teac
 from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
-from paravt.rollout.weight_sync import WeightSync
+from paravt.rollout.engines.scripted import ScriptedEngine
+from paravt.rollout.sync.weight_sync import WeightSync
 from paravt.run.report import BudgetResult, budget_eval
 from paravt.types import Sample, Trajectory
 

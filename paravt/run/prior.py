@@ -43,7 +43,7 @@ from paravt.agent.loop import AgentLoop
 from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
 from paravt.rl.metrics import PRIOR_TAG
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.types import Sample, Trajectory
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from paravt.rl.advantages import shape_rewards
 from paravt.rl.metrics import closed_answer, tag_reversion
 from paravt.rl.objective import AdvantageConfig
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.weight_sync import WeightSync
+from paravt.rollout.sync.weight_sync import WeightSync
 from paravt.types import RewardBreakdown, Sample, Trajectory
 
 SPLITS = ("tool", "no tool")

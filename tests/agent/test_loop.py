@@ -12,8 +12,8 @@ from paravt.agent.scripts import call_text
 from paravt.agent.tools import CropConfig
 from paravt.models.forward import TokenIds, trajectory_logprobs
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.hf import TransformersEngine
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.hf import TransformersEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)

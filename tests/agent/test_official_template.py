@@ -18,7 +18,7 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 from tests.agent.template_parity import (
     DESIGNED_DIFFERENCES,

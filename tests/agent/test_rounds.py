@@ -12,7 +12,7 @@ from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.agent.scripts import call_text
 from paravt.rollout.engine import SamplingParams, derive_seed, request_seeds
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)

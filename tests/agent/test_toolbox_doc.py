@@ -16,7 +16,7 @@ from transformers import AutoProcessor
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 ROOT = Path(__file__).resolve().parents[2]

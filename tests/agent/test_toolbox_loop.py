@@ -24,7 +24,7 @@ from paravt.agent.tools import CropConfig, CropVideoTool, ParallelToolExecutor
 from paravt.agent.zoom import ZoomTool
 from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ def _loop_trajectories(processor, samples, mode):
     from paravt.agent.loop import AgentLoop
     from paravt.agent.scripts import needle_teacher
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
 
     renderer = ChatRenderer(processor)
     crop = CropConfig(factor=renderer.frame_factor)

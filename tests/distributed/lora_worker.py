@@ -61,8 +61,8 @@ def _engines(module, model_dir: str, trajs) -> dict:
 
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout.engine import EngineConfig
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.rollout.factory import engine_copy
-    from paravt.rollout.hf import TransformersEngine
 
     tok = module.processor.tokenizer
     copy = engine_copy(module.policy, EngineConfig(sync_bucket_mb=1))

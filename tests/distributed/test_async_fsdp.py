@@ -26,7 +26,7 @@ import pytest
 from tests import forkserver
 from tests.distributed.test_train_fsdp import _max_diff, _weights
 from tests.distributed.test_train_fsdp_vllm import _scalars
-from tests.modules.test_async_rollouts import gone
+from tests.generator.test_async_rollouts import gone
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -136,7 +136,7 @@ def killed_then_resumed(tiny_run_overrides, tmp_path_factory) -> dict:
     fourth. One pair of launches for two tests: what the kill left behind, and the resumed
     run's output, records and checkpoint."""
     from tests.distributed.test_sharded_checkpoint_kill import _step
-    from tests.modules.test_async_rollouts import _children_of, _is_tracker
+    from tests.generator.test_async_rollouts import _children_of, _is_tracker
 
     tmp_path = tmp_path_factory.mktemp("killed_then_resumed")
     run_dir = tmp_path / "run"
@@ -235,7 +235,7 @@ def test_a_trainer_exception_on_rank_1_stops_both_and_the_generator(tiny_run_ove
     gather) and closes its generator, and no process is left behind.
 
     The mirror case, an exception on rank 0, has no launch of its own: the raising rank's side
-    is rank 0's in test_a_trainer_crash_leaves_no_generator (tests/modules/test_async_rollouts.py:
+    is rank 0's in test_a_trainer_crash_leaves_no_generator (tests/generator/test_async_rollouts.py:
     the error ends the run, the generator is gone) and this test's rank 1 (it leaves the group at
     once, paravt.parallel.launch.end_job); the other rank's side, rank 1 finding rank 0 gone
     from its next collective and exiting by itself, is the kill -9 test's above (rank 0

@@ -280,7 +280,7 @@ def rollout_batches(model_dir: str, samples, steps: int, group: int) -> list:
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.rollout.records import RolloutBatch
     from paravt.video.reader import VideoReader
 
@@ -498,7 +498,7 @@ def scenario_server_faults(url: str) -> dict:
     refuses). Each rank's outcome of both: every rank must leave with an error naming the
     cause, none left waiting in a collective."""
     from paravt.rollout.engine import EngineConfig
-    from paravt.rollout.server_client import RolloutServerError, ServerEngine
+    from paravt.rollout.serving.client import RolloutServerError, ServerEngine
 
     cfg = EngineConfig(name="vllm_server", dtype="float32", max_model_len=4096)
     engine = ServerEngine([url], cfg, manifest={"lm_head.weight": (9, 9)}, started=True)

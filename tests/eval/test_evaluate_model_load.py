@@ -44,7 +44,7 @@ def test_the_weights_are_loaded_only_for_the_transformers_engine(
 def test_vllm_takes_the_gpu_the_evaluation_has_alone(extra, share, monkeypatch):
     """Issue 50, finding 10: evaluate.py kept training's share 0.5 (made for a trainer beside
     the engine). The GPU decision is forced here (PARAVT_ASSUME_GPU=1); the command line wins."""
-    from paravt.rollout.vllm import llm_kwargs
+    from paravt.rollout.engines.vllm import llm_kwargs
 
     monkeypatch.setenv("PARAVT_ASSUME_GPU", "1")
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):

@@ -91,7 +91,7 @@ def test_no_tool_mode_has_no_tool_in_the_prompt(tiny_qwen3_dir, needle_dir):
     from paravt.data.datasets import load_samples
     from paravt.models.loading import PolicySpec, load_policy
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
     model, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir)))
@@ -122,7 +122,7 @@ CHILD = textwrap.dedent(
     from paravt.eval.needle import NeedleBenchmark
     from paravt.eval.protocol import EvalConfig, build_agent_loop
     from paravt.models.loading import PolicySpec, load_policy
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
     model_dir, annotations, out_dir, how = sys.argv[1:5]

@@ -30,7 +30,7 @@ from paravt.eval.runner import (
     run_benchmark,
 )
 from paravt.models.loading import PolicySpec, load_policy
-from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.engines.hf import TransformersEngine
 from paravt.video.reader import VideoReader
 
 FAST = EvalConfig(

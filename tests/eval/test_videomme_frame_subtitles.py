@@ -87,7 +87,7 @@ def test_the_agent_loop_shows_the_subtitles_at_the_overview_frames(
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     ann, root, subs = videomme_sub_files

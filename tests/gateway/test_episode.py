@@ -17,8 +17,8 @@ from paravt.gateway.media import MediaConfig, RequestError, video_part
 from paravt.gateway.task import task_payload
 from paravt.rewards.compose import trajectory_reward
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.hf import TransformersEngine
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.hf import TransformersEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 from tests.gateway.mimic import play
 

@@ -427,7 +427,7 @@ def _processor(out: Path):
 def engine(opts) -> dict:
     """TransformersEngine on the 4-layer model: 8 requests with a clip each, tokens/s, memory."""
     from paravt.rollout.engine import GenerationRequest, SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.types import Visual
 
     lengths, frames, side = _sizes(opts)

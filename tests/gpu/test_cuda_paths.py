@@ -20,7 +20,7 @@ def test_bf16_engine_and_trainer_agree_on_cuda(tool_caller, needle_samples):
     from paravt.agent.render import ChatRenderer
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
     model, processor = tool_caller

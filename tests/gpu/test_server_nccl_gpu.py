@@ -32,9 +32,9 @@ def test_an_nccl_sync_loads_the_policy_by_the_plan_and_its_logprobs_match(
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.rollout import EngineConfig, SamplingParams
-    from paravt.rollout.server_checkpoint import model_manifest
-    from paravt.rollout.server_client import ServerEngine, http_json
-    from paravt.rollout.server_launch import start_server
+    from paravt.rollout.serving.checkpoint import model_manifest
+    from paravt.rollout.serving.client import ServerEngine, http_json
+    from paravt.rollout.serving.launch import start_server
     from paravt.video.reader import VideoReader
 
     model, processor = tool_caller

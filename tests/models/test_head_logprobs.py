@@ -15,8 +15,8 @@ from paravt.models.head_logprobs import head_logprobs, shift_head_greedy
 from paravt.rl.logprobs import causal_token_logprobs
 from paravt.rl.losses import entropy_from_logits
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.hf import mm_token_type_ids, visual_kwargs
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.hf import mm_token_type_ids, visual_kwargs
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 

@@ -31,7 +31,7 @@ from paravt.models.varlen_attention import (
 )
 from paravt.modules.packed_forward import packed_trajectory_logprobs
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.types import Trajectory
 from paravt.video.reader import VideoReader
 

@@ -52,7 +52,7 @@ def sweep(tmp_path_factory, train_py):
         # One torch thread, as every test process here: the other xdist worker holds the second
         # core, and the cold start's two threads on one shared core took 4-5 times as long
         # (measured: 317 s against 71 s). In RL the trainer and the generator pin themselves to
-        # one core each whatever this says (paravt.modules.async_rollouts).
+        # one core each whatever this says (paravt.generator.async_rollouts).
         env={"OMP_NUM_THREADS": "1"},
     )
     (folder / "output.txt").write_text(out.stdout)  # the summaries, for a look after a run

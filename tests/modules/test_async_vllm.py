@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from paravt.models.forward import TokenIds, trajectory_logprobs
-from tests.modules.test_async_rollouts import ASYNC, fit, gone, scalars
+from tests.generator.test_async_rollouts import ASYNC, fit, gone, scalars
 
 pytestmark = [
     pytest.mark.vllm,

@@ -54,7 +54,7 @@ def test_train_vision_trains_a_frozen_tower_in_the_cold_start_only(tiny_qwen3_di
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy, vision_tower
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.run.coldstart import fit, sft_stage, sft_trainable, teacher_trajectories
     from paravt.video.reader import VideoReader
 
@@ -82,7 +82,7 @@ def test_a_lora_policy_cold_starts_with_full_weights_unless_told_otherwise(
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy
     from paravt.models.lora import lora_layers
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.run.coldstart import fit, sft_stage, sft_trainable, teacher_trajectories
     from paravt.video.reader import VideoReader
 

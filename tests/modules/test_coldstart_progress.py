@@ -9,7 +9,7 @@ from transformers import AutoProcessor
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.render import ChatRenderer
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.run import coldstart
 from paravt.video.reader import VideoReader
 

@@ -73,7 +73,7 @@ def test_the_teacher_mix_crops_the_needle_or_answers_at_once(
 
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)

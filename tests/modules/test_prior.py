@@ -27,7 +27,7 @@ def test_the_prior_corpus_parses_and_every_call_returns_frames(tiny_qwen3_dir, n
     from paravt.agent.render import ChatRenderer
     from paravt.agent.tools import CropConfig
     from paravt.rl.metrics import reversions
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.run.prior import prior_trajectories
     from paravt.video.reader import VideoReader
 
@@ -62,7 +62,7 @@ def test_the_oracle_corpus_crops_around_the_needle(tiny_qwen3_dir, needle_sample
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.agent.tools import CropConfig
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.run.prior import prior_trajectories
     from paravt.video.reader import VideoReader
 
@@ -118,7 +118,7 @@ class _Host:
 def _agent(processor, policy):
     from paravt.agent.loop import AgentConfig, AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
     engine = TransformersEngine(policy, processor.tokenizer)

@@ -68,7 +68,7 @@ def test_the_diagnostic_runs_the_tiny_policy_through_the_agent(tiny_qwen3_dir, n
     from paravt.agent.render import ChatRenderer
     from paravt.models.loading import PolicySpec, load_policy
     from paravt.rewards.compose import trajectory_reward
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.run.prior_diagnostic import run_diagnostic
     from paravt.video.reader import VideoReader
 

@@ -16,8 +16,8 @@ from paravt.agent.scripts import call_text
 from paravt.data.prompt_datamodule import _StepBatches
 from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.rollout.engine import GenerationRequest, SamplingParams, request_seeds
-from paravt.rollout.hf import TransformersEngine
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.hf import TransformersEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 
 
 class Policy:

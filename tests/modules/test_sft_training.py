@@ -140,7 +140,7 @@ def test_one_code_path_for_cold_starts_inside_rl(tiny_qwen3_dir, needle_samples)
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.modules.sft import SFTModule, example_from_trajectory, sft_loss
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
@@ -183,7 +183,7 @@ def test_fit_steps_curriculum_answer_weight_and_pooled_answer_metrics(
     from paravt.data.sft_encode import SFTExample
     from paravt.modules.sft import SFTModule, example_from_trajectory
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)

@@ -41,7 +41,7 @@ def teacher_trajectories(processor, samples):
     from paravt.agent.render import ChatRenderer
     from paravt.agent.scripts import needle_teacher
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.scripted import ScriptedEngine
+    from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
 
     teacher = ScriptedEngine(processor.tokenizer, needle_teacher(samples, "search"))

@@ -107,7 +107,7 @@ def test_an_engine_left_on_old_weights_shows_in_the_gap(tiny_qwen3_dir, needle_s
     from paravt.agent.render import ChatRenderer
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.rollout.engine import SamplingParams
-    from paravt.rollout.hf import TransformersEngine
+    from paravt.rollout.engines.hf import TransformersEngine
     from paravt.video.reader import VideoReader
 
     processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
@@ -172,7 +172,7 @@ def test_a_trajectory_sampled_under_two_versions_is_corrected_segment_by_segment
 
 
 def test_partial_rollouts_refuse_a_whole_trajectory_ratio():
-    from paravt.modules.async_rollouts import check_partial
+    from paravt.generator.async_rollouts import check_partial
 
     check_partial(
         AlgorithmConfig(loss="ppo_engine_is", engine_is_correction="tis", engine_is_level="token")

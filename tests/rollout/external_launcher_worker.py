@@ -2,9 +2,9 @@
 
 Joins a 2-rank gloo group as Lightning's launcher starts one (LOCAL_RANK, WORLD_SIZE and the
 master address in the environment, no RANK; the rank passed to `init_process_group`), builds
-`vllm.LLM` with `paravt.rollout.vllm.llm_kwargs` under PARAVT_ASSUME_GPU=1 (set by the test): the
-placement a W-rank GPU launch gets (the external launcher, from the live group) with the CPU
-backend's own arguments, and `export_launch_env`; it generates greedily a different number of
+`vllm.LLM` with `paravt.rollout.engines.vllm.llm_kwargs` under PARAVT_ASSUME_GPU=1 (set by the
+test): the placement a W-rank GPU launch gets (the external launcher, from the live group) with the
+CPU backend's own arguments, and `export_launch_env`; it generates greedily a different number of
 times per rank (rank 0 twice, rank 1 once), as ranks with different agent rounds do.
 """
 
@@ -23,9 +23,9 @@ def main(model_dir: str, out: str, rank: int) -> None:
     import vllm
 
     from paravt.parallel.collectives import leave_group
+    from paravt.rollout.engines.vllm import llm_kwargs
+    from paravt.rollout.engines.vllm_launch import export_launch_env, keep_engine_in_process
     from paravt.rollout.factory import EngineConfig
-    from paravt.rollout.vllm import llm_kwargs
-    from paravt.rollout.vllm_launch import export_launch_env, keep_engine_in_process
 
     keep_engine_in_process()
     cfg = EngineConfig(name="vllm", dtype="float32", max_model_len=512, max_num_seqs=4)

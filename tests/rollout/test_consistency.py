@@ -25,8 +25,8 @@ from paravt.rollout.consistency import (
     placeholder_runs,
 )
 from paravt.rollout.engine import SamplingParams
-from paravt.rollout.hf import TransformersEngine
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.hf import TransformersEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)

@@ -14,7 +14,7 @@ from paravt.models.loading import PolicySpec, load_policy
 from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.parallel.fsdp import fp32_master, materialize_sharded, shard_policy
 from paravt.rollout.engine import GenerationRequest, SamplingParams
-from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.engines.hf import TransformersEngine
 
 GREEDY = SamplingParams(max_new_tokens=4, greedy=True)
 

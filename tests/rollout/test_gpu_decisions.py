@@ -3,7 +3,7 @@
 `paravt.parallel.placement`: the decisions (external launcher, memory share, sleep mode, weight
 transfer, the GPUs a child sees) follow `gpu_placement()`, the CPU backend's own arguments follow
 the hardware. These tests take the GPU side of each decision on this CPU; the rollout server's
-own decision under a launcher is checked for real in tests/rollout/test_vllm_server.py.
+own decision under a launcher is checked for real in tests/rollout/serving/test_vllm_server.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from paravt.parallel.placement import ASSUME_GPU_ENV, gpu_placement, visible_gpus
-from paravt.rollout import vllm as vllm_engine
+from paravt.rollout.engines import vllm as vllm_engine
 from paravt.rollout.factory import EngineConfig
-from paravt.rollout.server_launch import server_env
+from paravt.rollout.serving.launch import server_env
 
 # What Lightning's launcher leaves in rank 0's environment for a 7-rank trainer (paragrpo_1p7),
 # plus srun's and torchelastic's, and what a server must keep.
@@ -32,7 +32,7 @@ LAUNCHED = {
 
 def test_forced_gpu_decisions_keep_the_cpu_backends_own_arguments(monkeypatch):
     """Forced: the placement arguments of a GPU; the CPU backend still eager, no chunked
-    prefill (it dies without them, tests/rollout/test_vllm_launch.py)."""
+    prefill (it dies without them, tests/rollout/engines/test_vllm_launch.py)."""
     monkeypatch.setenv(ASSUME_GPU_ENV, "1")
     for key in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -49,7 +49,7 @@ def test_without_the_variable_the_hardware_decides(monkeypatch):
     kwargs = vllm_engine.llm_kwargs(EngineConfig(name="vllm"), "/m", 4)
     assert "gpu_memory_utilization" not in kwargs and kwargs["enforce_eager"] is True
     from paravt.errors import UserError
-    from paravt.rollout.server_nccl import check_cuda
+    from paravt.rollout.serving.nccl import check_cuda
 
     with pytest.raises(UserError, match="weight_transfer=nccl needs CUDA GPUs"):
         check_cuda("nccl")
@@ -58,7 +58,7 @@ def test_without_the_variable_the_hardware_decides(monkeypatch):
 
 
 def test_forced_nccl_weight_transfer_is_asked_of_vllm(monkeypatch):
-    from paravt.rollout.server_nccl import check_cuda
+    from paravt.rollout.serving.nccl import check_cuda
 
     monkeypatch.setenv(ASSUME_GPU_ENV, "1")
     check_cuda("nccl")  # the trainer's check: passes as on a GPU (refused without, below)

@@ -12,7 +12,7 @@ from paravt.agent.loop import AgentConfig
 from paravt.data.prompt_datamodule import PromptBatch
 from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.rollout import EngineConfig, build_engine
-from paravt.rollout.hf import TransformersEngine
+from paravt.rollout.engines.hf import TransformersEngine
 from paravt.rollout.records import RolloutBatch
 
 

@@ -14,7 +14,7 @@ from paravt.agent.toolkit import tool
 from paravt.agent.tools import CropVideoTool
 from paravt.agent.zoom import ZoomTool
 from paravt.rollout import GenerationRequest, SamplingParams, build_engine
-from paravt.rollout.scripted import ScriptedEngine
+from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.video.reader import VideoReader
 
 pytestmark = pytest.mark.vllm

@@ -1,0 +1,1 @@
+"""The asynchronous rollout generator: its process, messages, partial rollouts, DataModule side."""

@@ -1,0 +1,1 @@
+"""The engines behind `paravt.rollout.engine`'s contract: transformers, vLLM, scripted."""

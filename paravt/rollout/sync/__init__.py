@@ -1,0 +1,1 @@
+"""Trainer weights to rollout engines: when and how they sync, shared copies, staleness."""
