@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.parallel",),  # ranks, collectives, FSDP2
     ("paravt.rollout",),  # engine contract and engines
     ("paravt.agent",),  # the agent protocol on an engine
+    ("paravt.gateway",),  # the OpenAI-compatible gateway: agent programs on an engine
     ("paravt.data",),  # datasets, SFT encoding, PromptDataModule
     ("paravt.eval",),  # benchmark adapters, scoring, runner
     ("paravt.generator",),  # the asynchronous rollout generator process and its messages
