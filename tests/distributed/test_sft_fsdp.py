@@ -40,11 +40,29 @@ def model_dir(request) -> Path:
     return Path(request.getfixturevalue("tiny_qwen3_real_vocab_dir"))
 
 
+# Adam's first step is lr * g / (|g| + eps), about lr * sign(g): a gradient entry near zero,
+# whose sign the reduction order decides (1 rank sums in one order, FSDP2's reduce-scatter in
+# another, and each CPU model's kernels in their own), moves by up to lr either way. With
+# eps = 1e-3 such an entry (fp32 rounding: ~1e-7 of the gradient's scale, ~1) moves by at most
+# lr * 1e-7 / 1e-3 = 3e-7, while the entries that learn (|g| >> 1e-3) still take lr-sized steps:
+# the 1e-5 bound below then holds on any CPU (at eps 1e-8, 1.6e-5 was seen with
+# ATEN_CPU_CAPABILITY=default).
+LINEAR_ADAM = "+optimizer.eps=1.0e-3"
+
+
 @pytest.fixture(scope="module")
 def runs(train_py, tmp_path_factory, model_dir, sft_file):
     root = tmp_path_factory.mktemp("sft_fsdp")
-    one = _sft(train_py, root / "one", model_dir, sft_file, "data.batch_size=2")
-    two = _sft(train_py, root / "two", model_dir, sft_file, "data.batch_size=1", "trainer=fsdp_cpu")
+    one = _sft(train_py, root / "one", model_dir, sft_file, "data.batch_size=2", LINEAR_ADAM)
+    two = _sft(
+        train_py,
+        root / "two",
+        model_dir,
+        sft_file,
+        "data.batch_size=1",
+        "trainer=fsdp_cpu",
+        LINEAR_ADAM,
+    )
     return root, one, two
 
 
