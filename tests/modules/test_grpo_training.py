@@ -201,7 +201,13 @@ def test_metrics_reach_tensorboard(tmp_path, tiny_qwen3_dir, needle_dir):
     # engine shares the trainer's weights, so their log-probs agree to float error.
     assert [e.value for e in acc.Scalars("consistency/mismatches")] == [0.0, 0.0]
     assert max(e.value for e in acc.Scalars("mismatch/logprob_abs_max")) < 1e-3
-    assert any(t.startswith("gate_ratio/K") for t in scalars)
+    # The gate's figures reach the logger for every budget drawn: its count of undefined groups
+    # always, its ratio where a group defined one (which groups do depends on the sampled
+    # tokens, so on the CPU model's kernels: not asserted).
+    drawn = {t.removeprefix("gate_undefined/") for t in scalars if t.startswith("gate_undefined/")}
+    assert drawn and drawn <= {"K4", "K8"}, drawn
+    ratios = {t.removeprefix("gate_ratio/") for t in scalars if t.startswith("gate_ratio/")}
+    assert ratios <= drawn, (ratios, drawn)
     assert [e.step for e in acc.Scalars("weight_version")] == [0, 1]
     assert [e.value for e in acc.Scalars("weight_version")] == [0.0, 1.0]
 
