@@ -22,8 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from paravt.run.paradox_report import GROUPS
+
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("grpo", "paragrpo", "anchoring_only", "gating_only", "no_tool_reward", "weak")
+ARMS = tuple(arm for _, arms in GROUPS for arm, *_ in arms)  # the factorial (docs/paradox.md)
 
 
 def compose(seed: int, overrides: list[str], run_dir: str):

@@ -1,5 +1,11 @@
 """`paravt paradox-report RUN_DIRS...`: the paper's Figure 4 and f_tau / kappa table, ours beside.
 
+The table is the factorial of docs/paradox.md, one block per group (GROUPS): the vanilla prompt
+with the anchor and the gate added one at a time and together, the prompt controls (PARA-GRPO's
+forced `<think>` and answer-suffix credits on vanilla GRPO, together and apart), PARA-GRPO's
+prompt with its ablations, and the weak prior; each row names the paper's ablation row whose
+figures stand beside it.
+
 Each run folder (`runs/demo_prior_<arm>_seed<N>`) holds the TensorBoard scalars its training
 logged; the arm is the folder's (or its `.hydra/config.yaml` name's) text before `_seed<N>`.
 "Ours f_tau" is `f_tau_ruler`, every arm read with one ruler (`paravt.rl.metrics.ruler_format`);
@@ -21,16 +27,48 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# (arm, paper label, paper f_tau, paper kappa): ParaVT paper, Qwen3-VL-8B (weak prior: Qwen2.5-VL)
-PAPER: tuple[tuple[str, str, float, float], ...] = (
-    ("grpo", "vanilla GRPO", 0.13, 0.02),
-    ("paragrpo", "PARA-GRPO", 0.41, 0.21),
-    ("anchoring_only", "anchoring only", 0.35, 0.19),
-    ("gating_only", "budget gating only", 0.10, 1.36),
-    ("no_tool_reward", "PARA-GRPO without R_tool", 0.33, 0.04),
-    ("weak", "weak prior (Qwen2.5-VL)", 0.85, 0.0),
+# The paper's f_tau and kappa per ablation row: ParaVT paper, Qwen3-VL-8B (weak prior: Qwen2.5-VL)
+PAPER: dict[str, tuple[float, float]] = {
+    "after cold start": (0.13, 2.50),
+    "vanilla GRPO": (0.13, 0.02),
+    "PARA-GRPO": (0.41, 0.21),
+    "anchoring only": (0.35, 0.19),
+    "budget gating only": (0.10, 1.36),
+    "PARA-GRPO without R_tool": (0.33, 0.04),
+    "weak prior (Qwen2.5-VL)": (0.85, 0.0),
+}
+# The factorial (docs/paradox.md), one table per group: (title, ((arm, label, paper row), ...)).
+# A row's paper figures are those of the paper's ablation with the same mechanisms; the paper
+# has no prompt controls. Arms outside these groups come last, under their own names.
+GROUPS: tuple[tuple[str, tuple[tuple[str, str, str | None], ...]], ...] = (
+    (
+        "vanilla prompt (no forced <think>, default format credits), one mechanism group at a time",
+        (
+            ("grpo", "vanilla GRPO", "vanilla GRPO"),
+            ("grpo_anchor", "vanilla + structural anchor", "anchoring only"),
+            ("grpo_gating", "vanilla + frame-budget gating", "budget gating only"),
+            ("grpo_anchor_gating", "vanilla + anchor + gating", "PARA-GRPO"),
+        ),
+    ),
+    (
+        "prompt controls: vanilla GRPO (no anchor, no gating) with PARA-GRPO's prompt parts",
+        (
+            ("grpo_think_suffix", "vanilla + forced <think> + answer-suffix credits", None),
+            ("grpo_think", "vanilla + forced <think> only", None),
+            ("grpo_suffix", "vanilla + answer-suffix credits only", None),
+        ),
+    ),
+    (
+        "PARA-GRPO's prompt (forced <think>, answer-suffix credits) and its ablations",
+        (
+            ("paragrpo", "PARA-GRPO", "PARA-GRPO"),
+            ("anchoring_only", "anchoring only", "anchoring only"),
+            ("gating_only", "budget gating only", "budget gating only"),
+            ("no_tool_reward", "PARA-GRPO without R_tool", "PARA-GRPO without R_tool"),
+        ),
+    ),
+    ("prior strength", (("weak", "weak prior", "weak prior (Qwen2.5-VL)"),)),
 )
-COLD_START = ("after cold start", 0.13, 2.50)
 TAGS = ("f_tau_ruler", "kappa", "tag_reversion", "f_tau", "f_tau_anchor", "drift/dropped_any")
 TAGS += ("reward/accuracy",)  # mean R_acc of the training rollouts (sampled, T of the recipe)
 FIGURE_TAGS = ("f_tau_ruler", "kappa")
@@ -76,29 +114,41 @@ def arm_series(seeds: Sequence[Points]) -> list[tuple[float, float, float]]:
     return [(step, *mean_se(vals)) for step, vals in sorted(by_step.items())]
 
 
+Row = tuple[str, str | None, int, dict[str, tuple[float, float]]]
+
+
+def _arm_stats(seeds: Sequence[Mapping[str, Points]], last: int) -> dict[str, tuple[float, float]]:
+    """{tag: (mean, se)} over seeds of each seed's mean over its last `last` steps."""
+    return {
+        tag: mean_se([tail_mean(s.get(tag, []), last) for s in seeds if s.get(tag)]) for tag in TAGS
+    }
+
+
 def table_rows(
     runs: Mapping[str, Sequence[Mapping[str, Points]]], last: int
-) -> list[tuple[str, int, dict[str, tuple[float, float]], float, float]]:
-    """(label, seeds, {tag: (mean, se)}, paper f_tau, paper kappa) per row, the cold start
-    first. `runs`: arm -> one {tag: points} per seed."""
+) -> list[tuple[str, list[Row]]]:
+    """(group title, rows) per group with an arm that ran, GROUPS' order; a row is (label,
+    the paper's row or None, seeds, {tag: (mean, se)}). The first group is the cold start:
+    every run's first logged step, pooled. `runs`: arm -> one {tag: points} per seed."""
     first = [
         {tag: sorted(scalars[tag])[0][1] for tag in TAGS if scalars.get(tag)}
         for seeds in runs.values()
         for scalars in seeds
     ]
     cold = {tag: mean_se([f[tag] for f in first if tag in f]) for tag in TAGS}
-    rows = [(COLD_START[0], len(first), cold, COLD_START[1], COLD_START[2])]
-    known = {arm for arm, *_ in PAPER}
-    order = [(a, lab, f, k) for a, lab, f, k in PAPER if a in runs]
-    order += [(a, a, math.nan, math.nan) for a in sorted(runs) if a not in known]
-    for arm, label, paper_f, paper_k in order:
-        seeds = runs[arm]
-        stats = {
-            tag: mean_se([tail_mean(s.get(tag, []), last) for s in seeds if s.get(tag)])
-            for tag in TAGS
-        }
-        rows.append((label, len(seeds), stats, paper_f, paper_k))
-    return rows
+    cold_row: Row = ("after cold start", "after cold start", len(first), cold)
+    groups: list[tuple[str, list[Row]]] = [("before RL", [cold_row])]
+    known = {arm for _, arms in GROUPS for arm, *_ in arms}
+    other = tuple((arm, arm, None) for arm in sorted(runs) if arm not in known)
+    for title, arms in (*GROUPS, ("other runs", other)):
+        rows = [
+            (label, paper, len(runs[arm]), _arm_stats(runs[arm], last))
+            for arm, label, paper in arms
+            if arm in runs
+        ]
+        if rows:
+            groups.append((title, rows))
+    return groups
 
 
 def _cell(stat: tuple[float, float]) -> str:
@@ -106,22 +156,28 @@ def _cell(stat: tuple[float, float]) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {se:.3f}"
 
 
-def format_table(rows, last: int) -> str:
-    """A Markdown table: paper's f_tau / kappa beside ours (mean +- se over seeds)."""
+def format_table(groups: Sequence[tuple[str, Sequence[Row]]], last: int) -> str:
+    """One Markdown table per group: the paper's f_tau / kappa (of the row named in "paper's
+    row") beside ours (mean +- se over seeds); the paper's cells are empty where it has no row."""
     head = (
-        f"| run | seeds | paper f_tau | ours f_tau, one ruler (last {last} steps) | paper kappa "
+        "| run | paper's row | seeds | paper f_tau "
+        f"| ours f_tau, one ruler (last {last} steps) | paper kappa "
         "| ours kappa | ours tag reversion | ours own R_fmt | ours anchor term "
         "| ours dropped closing tags | ours accuracy |"
     )
-    lines = [head, "|" + "---|" * 11]
-    for label, n, stats, paper_f, paper_k in rows:
-        pf = "" if math.isnan(paper_f) else f"{paper_f:.2f}"
-        pk = "" if math.isnan(paper_k) else f"{paper_k:.2f}"
-        ruler, kappa, *rest = (_cell(stats[t]) for t in TAGS)
-        lines.append(
-            f"| {label} | {n} | {pf} | {ruler} | {pk} | {kappa} | " + " | ".join(rest) + " |"
-        )
-    return "\n".join(lines)
+    blocks = []
+    for title, rows in groups:
+        lines = [f"**{title}**", "", head, "|" + "---|" * 12]
+        for label, paper, n, stats in rows:
+            pf, pk = (f"{v:.2f}" for v in PAPER[paper]) if paper else ("", "")
+            ruler, kappa, *rest = (_cell(stats[t]) for t in TAGS)
+            lines.append(
+                f"| {label} | {paper or ''} | {n} | {pf} | {ruler} | {pk} | {kappa} | "
+                + " | ".join(rest)
+                + " |"
+            )
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 _COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))

@@ -5,6 +5,7 @@ generated with the demo's own data settings (no model is trained)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,22 @@ def test_the_teacher_mix_crops_the_needle_or_answers_at_once(
 
 
 PRIOR_ARMS = ("paragrpo", "grpo", "anchoring_only", "gating_only", "no_tool_reward", "weak")
+# the factorial's vanilla-prompt arms (docs/paradox.md) -> their only differences from
+# demo_prior_grpo, by hand: the anchor's two knobs at demo_prior_paragrpo's values (0.1, 0.5),
+# its gating ({2, 4, 8, 16}), its forced <think> and its answer-suffix credits
+_ANCHOR = {"algorithm.anchor_coef": (0.0, 0.1), "reward.anchor_weight": (0.0, 0.5)}
+_GATING = {"callbacks.frame_budget_gating": (None, [2, 4, 8, 16])}
+_THINK = {"rollout.agent.force_think": (False, True)}
+_SUFFIX = {"reward.answer_suffix": (False, True)}
+FACTORIAL = {
+    "grpo_anchor": _ANCHOR,
+    "grpo_gating": _GATING,
+    "grpo_anchor_gating": {**_ANCHOR, **_GATING},
+    "grpo_think_suffix": {**_THINK, **_SUFFIX},
+    "grpo_think": _THINK,
+    "grpo_suffix": _SUFFIX,
+}
+PRIOR_ARMS += tuple(FACTORIAL)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +197,57 @@ def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
     # vanilla GRPO: the reference's vanilla recipe, no think prefix, default format credits
     assert not grpo.rollout.agent.force_think and not grpo.reward.answer_suffix
     assert para.rollout.agent.force_think and para.reward.answer_suffix
+
+
+def _leaves(node, prefix=""):
+    """{dotted key: value} of a resolved config; the gating callback reads as its budgets."""
+    if prefix == "callbacks.frame_budget_gating." and isinstance(node, dict):
+        return {prefix[:-1]: node["frame_budgets"]}
+    if isinstance(node, dict):
+        pairs = (_leaves(sub, f"{prefix}{key}.").items() for key, sub in node.items())
+        return {k: v for items in pairs for k, v in items}
+    return {prefix[:-1]: node}
+
+
+def test_each_factorial_arm_differs_from_vanilla_grpo_in_its_knobs_only(prior_arms):
+    """Compared unresolved: an interpolation of a knob (the anchor curriculum's `start`) is the
+    knob itself, not a second difference."""
+
+    def leaves(arm):
+        return _leaves(OmegaConf.to_container(prior_arms[arm], resolve=False))
+
+    base, para = leaves("grpo"), leaves("paragrpo")
+    for arm, knobs in FACTORIAL.items():
+        cfg = leaves(arm)
+        assert cfg.pop("name") == f"demo_prior_{arm}" and base["name"] == "demo_prior_grpo"
+        keys = (set(cfg) | set(base)) - {"name"}
+        diff = {k: (base.get(k), cfg.get(k)) for k in keys if base.get(k) != cfg.get(k)}
+        assert diff == knobs, arm
+        assert all(para[k] == new for k, (_, new) in knobs.items()), arm  # PARA-GRPO's values
+
+
+def test_the_documented_factorial_command_runs_every_arm():
+    """docs/paradox.md's one `train.py -m` command names the factorial's every arm, the
+    report's groups (PARA-GRPO's prompt arms and the weak prior included), seeds outermost so
+    that each seed's prior is built once; Hydra's sweep writes the report's run folders."""
+    from paravt.run.paradox_report import GROUPS
+
+    text = (CONF.parent / "docs" / "paradox.md").read_text()
+    (command,) = re.findall(r"^python train\.py -m .*$", text, re.M)
+    pattern = r"python train\.py -m (seed=\S+) experiment=(\S+)"
+    seeds, experiments = re.fullmatch(pattern, command).groups()
+    assert seeds == "seed=0,1,2,3"
+    report = [f"demo_prior_{arm}" for _, arms in GROUPS for arm, *_ in arms]
+    assert experiments.split(",") == report
+    assert {f"demo_prior_{arm}" for arm in PRIOR_ARMS} == set(report)
+    sweep = compose_sweep("experiment=demo_prior_grpo_think", "seed=3")
+    assert (sweep.dir, sweep.subdir) == ("runs", "demo_prior_grpo_think_seed3")
+
+
+def compose_sweep(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["run_dir=unused", *overrides], return_hydra_config=True)
+    return cfg.hydra.sweep
 
 
 def test_the_default_demo_keeps_its_crops_and_dialect(demo_cfg):

@@ -116,3 +116,43 @@ def test_series_and_tail_reductions():
     series = arm_series([[(1, 1.0), (2, 2.0)], [(1, 3.0)]])
     assert series[0] == (1, pytest.approx(2.0), pytest.approx(1.0))
     assert series[1] == (2, 2.0, 0.0)  # only one seed logged step 2
+
+
+def test_the_factorial_prints_grouped_with_the_paper_rows_beside(tmp_path, capsys):
+    from paravt.run.paradox_report import main
+
+    runs = [
+        _run(tmp_path, "demo_prior_grpo_gating_seed0", [0.4, 0.4], [2.0, 0.0]),
+        _run(tmp_path, "demo_prior_grpo_gating_seed1", [0.4, 0.4], [2.0, 1.0]),
+        _run(tmp_path, "demo_prior_grpo_anchor_seed0", [0.4, 0.4], [2.0, 0.0]),
+        _run(tmp_path, "demo_prior_grpo_think_suffix_seed0", [0.6, 0.9], [2.0, 2.0]),
+        _run(tmp_path, "demo_prior_gating_only_seed0", [0.6, 0.9], [2.0, 1.5]),
+        _run(tmp_path, "demo_prior_custom_seed0", [0.5, 0.5], [1.0, 1.0]),
+    ]
+    assert main([*map(str, runs), "--out", str(tmp_path / "f.png"), "--last", "1"]) == 0
+    text = capsys.readouterr().out
+    titles = [line for line in text.splitlines() if line.startswith("**")]
+    # the groups that ran, in the order (no group for the absent weak prior), then
+    # the arm outside the factorial
+    first_words = [t.split()[0] for t in titles]
+    assert first_words == ["**before", "**vanilla", "**prompt", "**PARA-GRPO's", "**other"]
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("|")}
+    # vanilla + gating beside the paper's gating only (f_tau 0.10, kappa 1.36); last step of
+    # each seed: kappa 0 and 1 -> 0.5 +- 0.5, f_tau 0.4 on both
+    gating = "| budget gating only | 2 | 0.10 | 0.400 +- 0.000 | 1.36 | 0.500 +- 0.500 |"
+    assert gating in rows["vanilla + frame-budget gating"]
+    assert (
+        "| anchoring only | 1 | 0.35 | 0.400 +- 0.000 | 0.19 | 0.000 +- 0.000 |"
+        in (rows["vanilla + structural anchor"])
+    )
+    # a prompt control has no paper row: its paper cells stay empty
+    control = rows["vanilla + forced <think> + answer-suffix credits"]
+    assert "| vanilla + forced <think> + answer-suffix credits |  | 1 |  | 0.900 +- 0.000 |  |" in (
+        control
+    )
+    # PARA-GRPO's prompt keeps its gating-only arm, with the same paper row
+    para_gating = "| budget gating only | budget gating only | 1 | 0.10 | 0.900"
+    assert para_gating in rows["budget gating only"]
+    assert "| custom |  | 1 |  |" in rows["custom"]  # an arm outside the factorial: its own name
+    # the vanilla group lists its arms in the factorial's order: anchor before gating
+    assert text.index("vanilla + structural anchor") < text.index("vanilla + frame-budget gating")
