@@ -42,7 +42,7 @@ PAPER: dict[str, tuple[float, float]] = {
 # has no prompt controls. Arms outside these groups come last, under their own names.
 GROUPS: tuple[tuple[str, tuple[tuple[str, str, str | None], ...]], ...] = (
     (
-        "vanilla prompt (no forced <think>, default format credits), one mechanism group at a time",
+        "vanilla prompt (no forced `<think>`, default format credits) and PARA-GRPO's mechanisms",
         (
             ("grpo", "vanilla GRPO", "vanilla GRPO"),
             ("grpo_anchor", "vanilla + structural anchor", "anchoring only"),
@@ -53,13 +53,13 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str, str | None], ...]], ...] = (
     (
         "prompt controls: vanilla GRPO (no anchor, no gating) with PARA-GRPO's prompt parts",
         (
-            ("grpo_think_suffix", "vanilla + forced <think> + answer-suffix credits", None),
-            ("grpo_think", "vanilla + forced <think> only", None),
+            ("grpo_think_suffix", "vanilla + forced `<think>` + answer-suffix credits", None),
+            ("grpo_think", "vanilla + forced `<think>` only", None),
             ("grpo_suffix", "vanilla + answer-suffix credits only", None),
         ),
     ),
     (
-        "PARA-GRPO's prompt (forced <think>, answer-suffix credits) and its ablations",
+        "PARA-GRPO's prompt (forced `<think>`, answer-suffix credits) and its ablations",
         (
             ("paragrpo", "PARA-GRPO", "PARA-GRPO"),
             ("anchoring_only", "anchoring only", "anchoring only"),

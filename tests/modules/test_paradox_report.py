@@ -146,9 +146,9 @@ def test_the_factorial_prints_grouped_with_the_paper_rows_beside(tmp_path, capsy
         in (rows["vanilla + structural anchor"])
     )
     # a prompt control has no paper row: its paper cells stay empty
-    control = rows["vanilla + forced <think> + answer-suffix credits"]
-    assert "| vanilla + forced <think> + answer-suffix credits |  | 1 |  | 0.900 +- 0.000 |  |" in (
-        control
+    control = rows["vanilla + forced `<think>` + answer-suffix credits"]
+    assert control.startswith(
+        "| vanilla + forced `<think>` + answer-suffix credits |  | 1 |  | 0.900 +- 0.000 |  |"
     )
     # PARA-GRPO's prompt keeps its gating-only arm, with the same paper row
     para_gating = "| budget gating only | budget gating only | 1 | 0.10 | 0.900"
