@@ -46,4 +46,25 @@ def run(_unused: str) -> dict:
         "expected": expected,
         "synced": synced.dtypes,
         "discarded": discarded.dtypes,
+    } | _server_checkpoint(model)
+
+
+def _server_checkpoint(model) -> dict:
+    """A rollout server's sync checkpoint (`write_checkpoint`): rank 0 writes it at bf16, rank
+    1 only joins the gather; the dtypes of the gathers and what rank 0 wrote."""
+    import tempfile
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from paravt.rollout.serving.checkpoint import write_checkpoint
+
+    folder = Path(tempfile.mkdtemp()) / "v1" if dist.get_rank() == 0 else None
+    with GatherDtypes() as written:
+        write_checkpoint(model, folder, torch.bfloat16, bucket_bytes=64)
+    files = sorted(folder.glob("*.safetensors")) if folder else []
+    return {
+        "written": {k: v for f in files for k, v in load_file(f).items()},
+        "checkpoint": written.dtypes,
     }
