@@ -85,14 +85,15 @@ class AsyncRollouts:
         self.next_step: int | None = None  # the first step not yet submitted
         self.dropped = 0  # trajectories dropped as too stale
         self.wait_s = 0.0
+        self.dtype = getattr(torch, module.spec.dtype)  # the generator's load dtype, not fp32
         if self.rank.rank != 0:
-            gather_only(module.policy, self.bucket_bytes)  # rank 0's SharedWeights.create
+            gather_only(module.policy, self.bucket_bytes, self.dtype)  # rank 0's create
             return
-        self.weights = SharedWeights.create(  # at the generator's load dtype, not fp32 master
+        self.weights = SharedWeights.create(
             module.policy,
             module.policy_version,
             mp.get_context("spawn"),
-            getattr(torch, module.spec.dtype),
+            self.dtype,
             self.bucket_bytes,
         )
         all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -133,7 +134,8 @@ class AsyncRollouts:
         """The trainer's new weights into the shared copy (every rank joins the gather)."""
         if module.policy_version == self.published:
             return
-        WeightSync.publish(self.weights, module.policy, module.policy_version, self.bucket_bytes)
+        version, size = module.policy_version, self.bucket_bytes
+        WeightSync.publish(self.weights, module.policy, version, size, self.dtype)
         self.published = module.policy_version
 
     def _fetch(self, step: int) -> tuple[GenTask, GenResult, float]:

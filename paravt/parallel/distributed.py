@@ -209,6 +209,7 @@ def iter_full_state_dict(
     module: torch.nn.Module,
     bucket_bytes: int = 256 << 20,
     device: str | torch.device | None = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
 
@@ -216,14 +217,19 @@ def iter_full_state_dict(
     (or at the end); the consumer loads it into its engine and drops it before the next bucket is
     gathered, so at most one bucket of full weights exists besides the shards. Every rank
     receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
-    bucket of its own. `device` None leaves each full tensor where it was gathered.
+    bucket of its own. `device` None leaves each full tensor where it was gathered. `dtype` casts
+    each floating-point shard before its gather (bf16 from fp32 master weights: half the
+    traffic, and the values of casting the gathered tensor, the cast being elementwise).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in module.state_dict().items():
-        full = _full(tensor.detach())
+        shard = tensor.detach()
+        if dtype is not None and shard.is_floating_point():
+            shard = shard.to(dtype)
+        full = _full(shard)
         full = full if device is None else full.to(device)
         bucket.append((name, full))
         size += full.numel() * full.element_size()

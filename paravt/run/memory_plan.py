@@ -19,7 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 1024**3
+MIB = 1024**2
 HEAD_CHUNK = 1024  # tokens per lm_head chunk (trajectory_logprobs' chunk_size)
+
+# Memory outside PyTorch's tensors, per process and GPU (estimates; no GPU has measured them):
+# - the CUDA context with the kernel modules torch, vLLM and NCCL load: PyTorch's lazy module
+#   loading (pytorch/pytorch#86509) measured 0.27 GiB for torch alone (0.62 GiB eager); 1 GiB
+#   leaves room for vLLM's and NCCL's modules in the same process.
+CUDA_CONTEXT = 1 * GIB
+# - cuBLAS and cuBLASLt workspaces: 32 MiB each per (handle, stream) on Hopper
+#   (pytorch/pytorch#120925, the cuBLAS guide's recommendation); four streams that run matmuls
+#   (the training stream, vLLM's, the engine's sync and a side stream) x two libraries.
+CUBLAS_WORKSPACES = 4 * 2 * 32 * MIB
+# - one NCCL communicator of 8 ranks on NVLink: receive buffers of NCCL_BUFFSIZE (4 MiB, the
+#   Simple protocol) plus LL128 (~4.5 MiB) and LL (~0.25 MiB) per channel and ring peer, up to
+#   32 channels and 2 peers (NCCL's environment-variable docs): ~600 MiB; 768 MiB with NVLS.
+NCCL_COMMUNICATOR = 768 * MIB
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,12 @@ class ModelSize:
     @property
     def vision_params(self) -> int:
         return max(self.total_params - self.lm_params, 0)
+
+    @property
+    def root_params(self) -> int:
+        """FSDP2's root unit (paravt.parallel.fsdp): embeddings, lm_head and the vision tower
+        (the final norm's 4096 weights left out)."""
+        return 2 * self.vocab * self.hidden + self.vision_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -146,6 +167,7 @@ class PlanInputs:
     checkpointing: bool
     gpu_gb: float
     engine_dtype: str = "bfloat16"  # the engine's weights and KV cache (rollout.engine.dtype)
+    feature_cache_bytes: int = 0  # bound of one model's vision feature cache (rollout.vision_cache)
 
 
 def _engine_items(size: ModelSize, x: PlanInputs) -> tuple[dict[str, float], float, float]:
@@ -166,8 +188,24 @@ def _engine_items(size: ModelSize, x: PlanInputs) -> tuple[dict[str, float], flo
     return items, 0.0, kv_need
 
 
+def _overheads(x: PlanInputs) -> dict[str, float]:
+    """Resident bytes besides the model state: the vision feature caches of the policy and,
+    with a KL term, the reference (each up to its bound, kept on the GPU across the step), and
+    the memory outside PyTorch's tensors (the constants above). The communicators: Lightning's
+    default group and the FSDP mesh's data-parallel group, plus vLLM's world group when each
+    rank runs its own engine; a single rank has none."""
+    comms = 0 if x.world == 1 else (3 if x.engine == "vllm" else 2)
+    caches = (2 if x.kl else 1) * x.feature_cache_bytes
+    return {
+        "vision feature caches (policy + reference)" if x.kl else "vision feature cache": caches,
+        "CUDA context and kernel modules": CUDA_CONTEXT,
+        "cuBLAS/cuBLASLt workspaces": CUBLAS_WORKSPACES,
+        f"NCCL communicators ({comms} x {NCCL_COMMUNICATOR // MIB} MiB)": comms * NCCL_COMMUNICATOR,
+    }
+
+
 def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
-    """Bytes per GPU of each item, the phases and the peak (keys as printed)."""
+    """Bytes per GPU of each item, the phases, the peak and the headroom (keys as printed)."""
     w, p = x.world, size.total_params
     trainable = size.lm_params if x.freeze_vision else p
     t = max(x.micro_batch_tokens, x.max_total_tokens)  # one trajectory never splits
@@ -180,7 +218,7 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
         "AdamW moments (sharded)": x.adam_bytes * trainable / w,
         "reference bf16 (sharded)": 2 * p / w if x.kl else 0.0,
         "gathered bf16 layers (2 in flight)": 2 * 2 * size.layer_params,
-    }
+    } | _overheads(x)
     engine, kv_phase, kv_need = _engine_items(size, x)
     out |= engine
     # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
@@ -194,14 +232,21 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
     acts = act_ckpt if x.checkpointing else act_full
     if x.engine != "vllm_server":
         out["rollout: KV cache needed at max_total_tokens"] = kv_need
-    out |= {
+    # The root unit is not resharded after its forward (FSDP2 keeps the root gathered for the
+    # backward that follows), and lm_head's gradient, the first the backward makes, stays
+    # unsharded bf16 until the root's reduce-scatter at the end of the backward.
+    update = {
+        "update: root unit bf16 (embed, lm_head, vision)": 2 * size.root_params,
+        "update: lm_head gradient bf16 (unsharded)": 2 * size.vocab * size.hidden,
         "update: activations, checkpointing": act_ckpt,
         "update: activations, no checkpointing": act_full,
-        "peak rollout phase": resident + kv_phase,
-        "peak update phase": resident_update + acts,
     }
+    out |= update
+    out["peak rollout phase"] = resident + kv_phase
+    out["peak update phase"] = resident_update + acts + sum(list(update.values())[:2])
     out["peak"] = max(out["peak rollout phase"], out["peak update phase"])
     out["gpu"] = x.gpu_gb * 1e9
+    out["headroom"] = out["gpu"] - out["peak"]
     return out
 
 
@@ -215,7 +260,7 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
         f"({DTYPES[x.engine_dtype][1]})",
     ]
     for key, value in numbers.items():
-        if key == "gpu":
+        if key in ("gpu", "headroom"):
             continue
         lines.append(f"  {key:<48} {value / GIB:8.1f} GiB")
     reserved = numbers.get("engine KV cache (vLLM reservation)")
@@ -231,6 +276,7 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
         f"  peak ({used} activation checkpointing) {numbers['peak'] / GIB:.1f} GiB of "
         f"{numbers['gpu'] / GIB:.1f} GiB ({x.gpu_gb:g} GB GPU); estimates, not measurements"
     )
+    lines.append(f"  headroom {numbers['headroom'] / GIB:.1f} GiB per GPU")
     return "\n".join(lines)
 
 

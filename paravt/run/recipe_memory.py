@@ -37,7 +37,15 @@ def plan_inputs(cfg: DictConfig, gpu_gb: float):
         checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
         gpu_gb=gpu_gb,
         engine_dtype=plan_engine_dtype(cfg),
+        feature_cache_bytes=feature_cache_bytes(cfg),
     )
+
+
+def feature_cache_bytes(cfg: DictConfig) -> int:
+    """One model's vision feature cache bound (`rollout.vision_cache.feature_bytes`), 0 when
+    the cache is off."""
+    cache = cfg.rollout.get("vision_cache") or {}
+    return int(cache.get("feature_bytes", 0)) if cache.get("enabled", False) else 0
 
 
 def plan_engine_dtype(cfg: DictConfig) -> str:
@@ -74,8 +82,9 @@ def memory_report(
         return text, []
     # bitsandbytes' 8-bit AdamW is no fix under FSDP (`_library_problems`)
     eight_bit = "" if _sharded(cfg) else "optimizer=adamw8bit, "
+    sleep = "" if x.engine != "vllm" or x.sleep_mode else "rollout.engine.enable_sleep_mode=true, "
     fix = (
-        "model.gradient_checkpointing=true, a lower algorithm.micro_batch_tokens or "
+        f"{sleep}model.gradient_checkpointing=true, a lower algorithm.micro_batch_tokens or "
         f"rollout.agent.max_total_tokens, {eight_bit}or more ranks (trainer.devices)"
     )
     need = f"{numbers['peak'] / GIB:.1f} GiB per GPU"

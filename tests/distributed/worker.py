@@ -556,6 +556,11 @@ def main(argv: list[str]) -> None:
             from packed_worker import run as packed
 
             res = packed(model_dir)
+        elif scenario == "sync_gather":  # tests/distributed/sync_worker.py
+            sys.path.insert(0, str(Path(__file__).parent))
+            from sync_worker import run as sync_gather
+
+            res = sync_gather(model_dir)
         elif scenario == "setup_once":  # tests/distributed/setup_worker.py
             sys.path.insert(0, str(Path(__file__).parent))
             from setup_worker import run as setup_once

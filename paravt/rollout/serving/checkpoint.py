@@ -82,12 +82,15 @@ def check_checkpoint(folder: str | Path, expected: Manifest) -> None:
         )
 
 
-def _policy_buckets(policy, bucket_bytes: int) -> Iterator[list[tuple[str, object]]]:
-    """Buckets of the policy's full weights on the host under the names vLLM loads (LoRA:
-    merged): the one gather helper's."""
+def _policy_buckets(
+    policy, bucket_bytes: int, dtype=None, device: str | None = "cpu"
+) -> Iterator[list[tuple[str, object]]]:
+    """Buckets of the policy's full weights under the names vLLM loads (LoRA: merged): the one
+    gather helper's, at `dtype` (cast shard by shard before the gather), on the host or, with
+    `device` None, left where they were gathered (a rank that writes nothing)."""
     from paravt.rollout.sync.weight_sync import iter_weights
 
-    yield from iter_weights(policy, bucket_bytes, "cpu")
+    yield from iter_weights(policy, bucket_bytes, device, dtype)
 
 
 def model_manifest(policy) -> dict[str, tuple[int, ...]]:
@@ -120,7 +123,8 @@ def write_checkpoint(
             folder.mkdir(parents=True)
         except OSError as err:
             error = err
-    for i, bucket in enumerate(_policy_buckets(policy, bucket_bytes)):
+    device = None if folder is None else "cpu"  # a rank that writes nothing copies nothing
+    for i, bucket in enumerate(_policy_buckets(policy, bucket_bytes, dtype, device)):
         if folder is None or error is not None:
             continue
         try:  # clone: tied weights share storage, which safetensors refuses to write twice

@@ -33,6 +33,7 @@ class SharedWeights:
 
     def __init__(self, tensors: dict[str, torch.Tensor], trainable: tuple[str, ...], value, lock):
         self.tensors, self.trainable, self._value, self._lock = tensors, trainable, value, lock
+        self.dtype: torch.dtype | None = None  # `create`'s: every publish gathers at it
 
     @classmethod
     def create(
@@ -45,7 +46,9 @@ class SharedWeights:
             for k, v in host_weights(model, bucket_bytes, dtype)
         }
         trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
-        return cls(tensors, trainable, ctx.Value("q", version), ctx.Lock())
+        shared = cls(tensors, trainable, ctx.Value("q", version), ctx.Lock())
+        shared.dtype = dtype
+        return shared
 
     @property
     def version(self) -> int:
@@ -56,7 +59,7 @@ class SharedWeights:
         """Copy `model`'s trainable parameters in and mark them `version`."""
         trainable = set(self.trainable)
         with self._lock:
-            for name, tensor in host_weights(model, bucket_bytes):
+            for name, tensor in host_weights(model, bucket_bytes, self.dtype):
                 if name in trainable:
                     self.tensors[name].copy_(tensor)
             self._value.value = version

@@ -122,8 +122,8 @@ def test_a_failed_write_still_runs_the_gather_to_the_end(tmp_path, monkeypatch):
 
     real, taken = server_checkpoint._policy_buckets, []
 
-    def counted(policy, bucket_bytes):
-        for bucket in real(policy, bucket_bytes):
+    def counted(policy, bucket_bytes, *args):
+        for bucket in real(policy, bucket_bytes, *args):
             taken.append(len(bucket))
             yield bucket
 
