@@ -35,6 +35,7 @@ from paravt.parallel.distributed import (
     Rank,
     agree_max,
     filler_trajectory,
+    global_float_sums,
     global_sums,
     mean_over_ranks,
     pad_micro_batches,
@@ -213,8 +214,10 @@ class GRPOModule(pl.LightningModule):
             with timer("logprobs"):
                 totals = self._rewards_with_kl(trajs, rewards, temp)
             ref_vision = take_feature_stats(self.policy, self.reference)
-            adv = compute_advantages(
-                totals.view(len(batch.samples), batch.group_size), self.algo.advantage
+            adv = compute_advantages(  # batch-normalised over every rank's share
+                totals.view(len(batch.samples), batch.group_size),
+                self.algo.advantage,
+                global_float_sums,
             )
             keep, cut = adv.keep, 0
             if self.algo.mask_truncated:  # cut trajectories leave the loss (paravt.rl.truncation)

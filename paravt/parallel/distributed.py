@@ -5,7 +5,8 @@ layer, gradients reduce-scattered), so every rank must run the same NUMBER of pa
 its rollouts differ. This file holds the small rules that make that true:
 - `shard_prompts`: rank r of W takes its own contiguous share of every global step's B prompts,
   dealt as evenly as B allows (7 prompts on 8 ranks: one each, the last rank none; a prompt's
-  G rollouts stay on one rank, so group advantages are computed locally);
+  G rollouts stay on one rank, so group advantages are computed locally; the batch
+  normalisation after them sums over the ranks: `global_float_sums`);
 - `agree_max` / `pad_micro_batches`: all ranks do max-over-ranks micro-batches, the missing ones
   being zero-weight dummies (still a real forward/backward, so the collectives match);
 - `token_loss_scale`: the weight that makes FSDP's gradient average over ranks equal the
@@ -13,14 +14,16 @@ its rollouts differ. This file holds the small rules that make that true:
 - `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done;
 - `iter_full_state_dict` / `load_buckets`: full weights gathered from the shards bucket by bucket,
   into each rank's own unsharded rollout engine (transformers copy or vLLM);
-- `mean_over_ranks` / `global_sums`: step metrics and loss divisors of the global batch, sent
-  through `paravt.parallel.collectives` (the device and dtype each backend requires).
+- `mean_over_ranks` / `global_sums` / `global_float_sums`: step metrics, loss divisors and
+  advantage statistics of the global batch, sent through `paravt.parallel.collectives` (the
+  device and dtype each backend requires).
 It works without an initialised process group (world size 1), and deliberately knows nothing of
 Lightning, Hydra or the model.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -99,6 +102,16 @@ def global_sums(xs: Sequence[float], group: dist.ProcessGroup | None = None) -> 
     if Rank.current(group).world_size == 1:
         return [float(x) for x in xs]
     return [float(v) for v in collectives.reduce_ints(_integral(xs), dist.ReduceOp.SUM, group)]
+
+
+def global_float_sums(xs: Sequence[float], group: dist.ProcessGroup | None = None) -> list[float]:
+    """Element-wise sums of the float figures `xs` over the ranks, in float64: gathered as
+    Python floats (NCCL refuses float64 tensors, float32 would round) and added with `fsum`,
+    so the sums do not depend on how the batch is split; `xs` itself on one rank."""
+    if Rank.current(group).world_size == 1:
+        return [float(x) for x in xs]
+    parts = collectives.all_gather_object([float(x) for x in xs], group)
+    return [math.fsum(column) for column in zip(*parts, strict=True)]
 
 
 def mean_over_ranks(

@@ -13,13 +13,16 @@ knows nothing of trajectories or frameworks: tensors in, tensors out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 AdvantageFn = Callable[..., Tensor]
 """fn(rewards [B, G], *, unbiased: bool) -> advantages [B, G]."""
+Sums = Callable[[Sequence[float]], list[float]]
+"""Element-wise sums of figures over the ranks (`paravt.parallel.distributed.global_float_sums`)."""
 
 
 def _check_groups(rewards: Tensor) -> None:
@@ -102,20 +105,30 @@ def batch_normalize(
     adv: Tensor,  # any shape, e.g. [N, T] token advantages or [N]
     mask: Tensor | None = None,  # same shape as adv; 1 = counted
     eps: float = 1e-6,
+    sums: Sums | None = None,
 ) -> Tensor:  # same shape, 0 outside the mask
     """Batch-level advantage normalisation (AReaL adv_norm): (A - mean) / (std + eps) over `mask`.
 
     Mean and (biased) std are taken over the masked elements only, so padding and context tokens
     do not dilute the statistics. One element or zero spread gives 0, an empty mask gives zeros.
+    `sums` adds figures over the ranks that hold the rest of the batch (data parallel): the
+    statistics are then the whole batch's, as one process computes them, not this rank's share's
+    (whose spread depends on which groups it drew); every rank must call it, an empty one too.
     """
     if mask is None:
         mask = torch.ones_like(adv, dtype=torch.bool)
     if mask.shape != adv.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} must equal adv shape {tuple(adv.shape)}")
+    sums = sums or _local
     keep = mask.bool()
     a = torch.where(keep, adv.double(), 0.0)
-    count = keep.sum().clamp(min=1)
-    mean = a.sum() / count
-    var = torch.where(keep, (a - mean) ** 2, 0.0).sum() / count
-    out = torch.where(keep, (a - mean) / (var.sqrt() + eps), 0.0)
+    total, n = sums([a.sum().item(), keep.sum().item()])
+    mean = total / max(n, 1.0)
+    (squares,) = sums([torch.where(keep, (a - mean) ** 2, 0.0).sum().item()])
+    std = math.sqrt(squares / max(n, 1.0))
+    out = torch.where(keep, (a - mean) / (std + eps), 0.0)
     return out.to(adv.dtype)
+
+
+def _local(xs: Sequence[float]) -> list[float]:
+    return [float(x) for x in xs]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from paravt.rl.advantages import (
+    Sums,
     batch_normalize,
     get_advantage_fn,
     shape_rewards,
@@ -61,11 +62,15 @@ class Advantages:
 def compute_advantages(
     rewards: Tensor,  # [B, G]
     cfg: AdvantageConfig,
+    sums: Sums | None = None,
 ) -> Advantages:
-    """Optionally shape, then group-normalise, drop zero-variance groups, batch-normalise."""
+    """Optionally shape, then group-normalise, drop zero-variance groups, batch-normalise (over
+    the whole batch where `sums` adds over the ranks: see `batch_normalize`)."""
     r = rewards.double()
     if r.numel() == 0:  # every prompt of the step was skipped: nothing to normalise
         empty = torch.zeros(0)
+        if cfg.batch_norm:  # still one of the ranks whose figures are summed
+            batch_normalize(empty, sums=sums)
         return Advantages(empty, empty.bool(), torch.zeros(r.shape[0], dtype=torch.bool))
     if cfg.shaping:
         r = shape_rewards(r, cfg.shaping_scale, cfg.shaping_shift, cfg.shaping_clip)
@@ -75,7 +80,7 @@ def compute_advantages(
     if cfg.drop_zero_variance:
         keep &= ~zero[:, None]
     if cfg.batch_norm:
-        adv = batch_normalize(adv, keep)
+        adv = batch_normalize(adv, keep, sums=sums)
     adv = torch.where(keep, adv, torch.zeros_like(adv))
     return Advantages(adv.flatten().float(), keep.flatten(), zero)
 
