@@ -11,8 +11,8 @@ its rollouts differ. This file holds the small rules that make that true:
 - `token_loss_scale`: the weight that makes FSDP's gradient average over ranks equal the
   token-mean over the GLOBAL batch (what one rank with the whole batch would compute);
 - `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done;
-- `iter_full_state_dict` / `load_buckets`: full weights gathered from the shards bucket by bucket,
-  into each rank's own unsharded rollout engine (transformers copy or vLLM);
+- `load_buckets`: full weights gathered from the shards bucket by bucket (the one bucketer,
+  `paravt.models.full_weights`), into each rank's own unsharded rollout engine;
 - `mean_over_ranks` / `global_sums`: step metrics and loss divisors of the global batch, sent
   through `paravt.parallel.collectives` (the device and dtype each backend requires).
 It works without an initialised process group (world size 1), and deliberately knows nothing of
@@ -21,7 +21,7 @@ Lightning, Hydra or the model.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -198,44 +198,9 @@ def on_meta(model) -> bool:
     return any((p.to_local() if sharded else p).is_meta for p in model.parameters())
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    # full_tensor() is a collective: every rank calls it for the same tensor in the same order.
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def iter_full_state_dict(
-    module: torch.nn.Module,
-    bucket_bytes: int = 256 << 20,
-    device: str | torch.device | None = "cpu",
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
-
-    Tensors are gathered one by one into a bucket that is yielded once it holds `bucket_bytes`
-    (or at the end); the consumer loads it into its engine and drops it before the next bucket is
-    gathered, so at most one bucket of full weights exists besides the shards. Every rank
-    receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
-    bucket of its own. `device` None leaves each full tensor where it was gathered.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in module.state_dict().items():
-        full = _full(tensor.detach())
-        full = full if device is None else full.to(device)
-        bucket.append((name, full))
-        size += full.numel() * full.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
-
-
 def load_buckets(target: torch.nn.Module, buckets) -> int:
-    """Copy the buckets of `iter_full_state_dict` into an unsharded `target`; returns #tensors."""
+    """Copy buckets of (name, full tensor) (`paravt.rollout.sync.weight_sync.iter_weights`) into an
+    unsharded `target`; returns #tensors."""
     own = target.state_dict()
     count = 0
     with torch.no_grad():
