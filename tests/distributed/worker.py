@@ -111,7 +111,8 @@ def train_steps(model, opt, ids: TokenIds, start: int, stop: int, seen: list) ->
 def full_weights(model) -> dict[str, torch.Tensor]:
     from paravt.rollout.sync.weight_sync import iter_weights
 
-    return {n: t.clone() for bucket in iter_weights(model, device="cpu") for n, t in bucket}
+    own = iter_weights(model, device="cpu", merge_lora=False)  # a LoRA policy: factors kept
+    return {n: t.clone() for bucket in own for n, t in bucket}
 
 
 def _shard_report(model, reference, before: dict) -> dict:
