@@ -31,10 +31,15 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of `model.state_dict()`, in its order, each gathered when pulled."""
+def state_items(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of `model.state_dict()`, in its order, each gathered when pulled.
+    `dtype` casts each floating-point shard before its gather (bf16 from fp32 master weights:
+    half the traffic, and the values of casting the gathered tensor, the cast being
+    elementwise)."""
     for name, tensor in model.state_dict().items():
-        yield name, full_tensor(tensor)
+        yield name, full_tensor(at_dtype(tensor.detach(), dtype))
 
 
 def at_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
