@@ -194,6 +194,23 @@ def tiny_qwen25_real_vocab_dir(tmp_path_factory):
     return _tiny(tmp_path_factory, "tiny_qwen2_5_vl_qwen", cfg)
 
 
+@pytest.fixture(scope="module")
+def lora_policy(tiny_qwen3_dir):
+    """The tiny Qwen3-VL with rank-4 adapters (alpha 32: scale 8), B random; one per module."""
+    import torch
+
+    from paravt.models.loading import PolicySpec, load_policy
+    from paravt.models.lora import lora_layers
+
+    policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), lora={"rank": 4}))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B starts at 0: random adapters make the merge visible
+        for layer in lora_layers(policy).values():
+            b = layer.lora_B["default"].weight
+            b.copy_(torch.randn(b.shape, generator=g))
+    return policy, processor
+
+
 @pytest.fixture(scope="session")
 def needle_dir(tmp_path_factory):
     from paravt.video.synthetic import NeedleConfig, generate

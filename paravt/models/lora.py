@@ -5,18 +5,19 @@ its transformers class, so the forward code, the engines and the vision-tower he
 unchanged; only the adapters are trainable (the vision tower and every base weight frozen).
 - `BaseView(policy)`: the KL reference, the same module run with its adapters switched off
   (no second copy of the weights).
-- `iter_merged_state_dict(policy)` / `merged_state_dict(policy)`: base + scale * B @ A under the
-  base model's own parameter names, what an engine with its own weights (vLLM, a transformers
+- `merged_items(policy)` / `merged_state_dict(policy)`: base + scale * B @ A under the
+  base model's own parameter names (the stream the one bucketer, `paravt.models.full_weights`,
+  cuts into buckets), what an engine with its own weights (vLLM, a transformers
   copy) and the merged HF export load.
 - `fold_adapters(policy)`: adds the adapters into the base weights and restarts them at zero
   (B = 0), so the policy is unchanged and the reference becomes the current policy.
 - `export_lora(policy, processor, path)`: the merged model at `path` (transformers / vLLM load it
   as any checkpoint) and the adapter alone at `path/adapter` (`peft.PeftModel.from_pretrained`);
-  under FSDP2 gathered bucket by bucket onto rank 0's host (`merged_state_dict_on_rank0`).
+  under FSDP2 gathered bucket by bucket onto rank 0's host (`full_weights.writer_state_dict`).
 QLoRA (`load_in_4bit`) needs bitsandbytes' CUDA kernels: `check_qlora` refuses it elsewhere.
 Under FSDP2 the adapters sit inside the sharded decoder layers like any parameter (fully_shard
-keeps each parameter's requires_grad); `iter_merged_state_dict` gathers the shards and merges the
-gathered factors, bucket by bucket, for the engines and the export.
+keeps each parameter's requires_grad); `merged_items` gathers the shards and merges the
+gathered factors, one tensor at a time as the bucketer pulls them, for the engines and the export.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from paravt.errors import UserError
+from paravt.models.full_weights import full_tensor, is_writer, writer_state_dict
 
 ADAPTER = "default"
 # QLoRA keeps these in full precision. transformers' own default list (`get_keys_to_not_convert`:
@@ -183,34 +185,12 @@ class BaseView:
         return getattr(self.policy, name)
 
 
-def iter_merged_state_dict(
-    model: torch.nn.Module, bucket_bytes: int = 256 << 20, device: str | torch.device | None = None
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Buckets of (name, full tensor) of the merged model (base + scale * B @ A, the base model's
-    names), each bucket about `bucket_bytes`; `device` None keeps each tensor's own device.
-
-    An FSDP2-sharded model is gathered tensor by tensor (`full_tensor`, a collective every rank
-    runs in the same order) and each adapted weight merged from its gathered base weight and
-    factors, so at most one bucket of full weights exists besides the shards.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in _merged_items(model):
-        tensor = tensor if device is None else tensor.to(device)
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
-
-
 @torch.no_grad()
-def _merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, merged full tensor), in the order of `model.state_dict()`. A QLoRA base's 4-bit
+def merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, merged full tensor) in the order of `model.state_dict()`, the LoRA stream of the
+    one bucketer (`paravt.models.full_weights.buckets`): each tensor gathered from its FSDP2
+    shard when pulled (`full_tensor`, a collective every rank runs in the same order) and each
+    adapted weight merged from its gathered base weight and factors. A QLoRA base's 4-bit
     weights are dequantised first and their quantisation statistics (`<weight>.absmax`, ...)
     left out: the result has the base model's names and full-precision values."""
     layers = {n: m for n, m in lora_layers(model).items() if ADAPTER in m.lora_A}
@@ -222,7 +202,7 @@ def _merged_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for key, value in model.state_dict().items():
         if statistics and key.startswith(statistics):
             continue
-        value = dequantize_4bit(packed[key]) if key in packed else _gathered(value)
+        value = dequantize_4bit(packed[key]) if key in packed else full_tensor(value)
         module, part = next(
             ((key[: -len(s)], p) for s, p in parts.items() if key.endswith(s)), (None, None)
         )
@@ -257,14 +237,6 @@ def dequantize_4bit(weight: torch.Tensor) -> torch.Tensor:
     return bnbf.dequantize_4bit(weight.data, weight.quant_state)
 
 
-def _gathered(t: torch.Tensor) -> torch.Tensor:
-    """The full tensor of a shard (a collective: every rank, same order) or `t` itself."""
-    from torch.distributed.tensor import DTensor
-
-    t = t.detach()
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
 def _merge(layer, got: dict[str, torch.Tensor]) -> torch.Tensor:
     """W + scale * B @ A of one adapted linear layer ([out, in]; transposed for fan_in_fan_out)."""
     delta = (got["B"].float() @ got["A"].float()) * layer.scaling[ADAPTER]  # [out, r] @ [r, in]
@@ -273,29 +245,10 @@ def _merge(layer, got: dict[str, torch.Tensor]) -> torch.Tensor:
     return got["W"] + delta.to(got["W"].dtype)
 
 
-def merged_state_dict_on_rank0(
-    model: torch.nn.Module, bucket_bytes: int = 256 << 20, keep: bool | None = None
-) -> dict[str, torch.Tensor]:
-    """The merged state dict on the host, for a writer on rank 0: gathered bucket by bucket, each
-    bucket moved to the CPU on rank 0 and dropped on the other ranks (`keep` None: by rank)
-    before the next one is gathered, so no rank holds more than one bucket of full weights on
-    its device. Every rank must call it (the gathers are collectives); the others get {}."""
-    if keep is None:
-        import torch.distributed as dist
-
-        keep = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    out: dict[str, torch.Tensor] = {}
-    for bucket in iter_merged_state_dict(model, bucket_bytes, "cpu" if keep else None):
-        if keep:
-            out.update(bucket)
-        del bucket  # the other ranks: this bucket's gathered tensors are freed here
-    return out
-
-
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter merged in (keys as without LoRA); from a
     sharded model, gathered (every rank calls it and gets the full tensors)."""
-    return {n: t for bucket in iter_merged_state_dict(model) for n, t in bucket}
+    return dict(merged_items(model))
 
 
 @torch.no_grad()
@@ -324,10 +277,11 @@ def export_lora(model: torch.nn.Module, processor, path: str | Path, base_path: 
     from safetensors.torch import save_file
 
     path = Path(path)
-    merged = merged_state_dict_on_rank0(model)  # sharded: every rank gathers, rank 0 keeps
+    # sharded: every rank gathers, bucket by bucket; rank 0 keeps them on its host
+    merged = writer_state_dict(merged_items(model), is_writer())
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
     # peft's own layout: PeftModel wraps the model as `base_model.model`
-    state = {f"base_model.model.{k}": _gathered(v).cpu().contiguous() for k, v in state.items()}
+    state = {f"base_model.model.{k}": full_tensor(v).cpu().contiguous() for k, v in state.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         dist.barrier()
         return

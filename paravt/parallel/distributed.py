@@ -12,8 +12,8 @@ its rollouts differ. This file holds the small rules that make that true:
 - `token_loss_scale`: the weight that makes FSDP's gradient average over ranks equal the
   token-mean over the GLOBAL batch (what one rank with the whole batch would compute);
 - `generate_sync_kwargs`: transformers `generate` keeps stepping until every rank is done;
-- `iter_full_state_dict` / `load_buckets`: full weights gathered from the shards bucket by bucket,
-  into each rank's own unsharded rollout engine (transformers copy or vLLM);
+- `load_buckets`: full weights gathered from the shards bucket by bucket (the one bucketer,
+  `paravt.models.full_weights`), into each rank's own unsharded rollout engine;
 - `mean_over_ranks` / `global_sums` / `global_float_sums`: step metrics, loss divisors and
   advantage statistics of the global batch, sent through `paravt.parallel.collectives` (the
   device and dtype each backend requires).
@@ -24,7 +24,7 @@ Lightning, Hydra or the model.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -211,50 +211,9 @@ def on_meta(model) -> bool:
     return any((p.to_local() if sharded else p).is_meta for p in model.parameters())
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    # full_tensor() is a collective: every rank calls it for the same tensor in the same order.
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def iter_full_state_dict(
-    module: torch.nn.Module,
-    bucket_bytes: int = 256 << 20,
-    device: str | torch.device | None = "cpu",
-    dtype: torch.dtype | None = None,
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Buckets of (name, full tensor) of `module`'s state dict, gathered from the shards.
-
-    Tensors are gathered one by one into a bucket that is yielded once it holds `bucket_bytes`
-    (or at the end); the consumer loads it into its engine and drops it before the next bucket is
-    gathered, so at most one bucket of full weights exists besides the shards. Every rank
-    receives every bucket (one rollout engine per rank). A tensor larger than the bucket is a
-    bucket of its own. `device` None leaves each full tensor where it was gathered. `dtype` casts
-    each floating-point shard before its gather (bf16 from fp32 master weights: half the
-    traffic, and the values of casting the gathered tensor, the cast being elementwise).
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in module.state_dict().items():
-        shard = tensor.detach()
-        if dtype is not None and shard.is_floating_point():
-            shard = shard.to(dtype)
-        full = _full(shard)
-        full = full if device is None else full.to(device)
-        bucket.append((name, full))
-        size += full.numel() * full.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
-
-
 def load_buckets(target: torch.nn.Module, buckets) -> int:
-    """Copy the buckets of `iter_full_state_dict` into an unsharded `target`; returns #tensors."""
+    """Copy buckets of (name, full tensor) (`paravt.rollout.sync.weight_sync.iter_weights`) into an
+    unsharded `target`; returns #tensors."""
     own = target.state_dict()
     count = 0
     with torch.no_grad():

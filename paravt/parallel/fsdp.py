@@ -1,5 +1,5 @@
-"""FSDP2 (`fully_shard`) for Qwen-VL policies: the sharding plan, bucketed full weights,
-checkpoint state dicts and a rank-0 HF export.
+"""FSDP2 (`fully_shard`) for Qwen-VL policies: the sharding plan, checkpoint state dicts and a
+rank-0 HF export (gathered by the one bucketer, `paravt.models.full_weights`).
 
 The plan: each decoder layer of the language model is its own FSDP unit (all-gathered just
 before its forward, resharded after), and the root unit, applied last, holds the rest: embeddings,
@@ -31,8 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from paravt.models.full_weights import is_writer, state_items, writer_state_dict
 from paravt.parallel import collectives
-from paravt.parallel.distributed import iter_full_state_dict, load_buckets  # noqa: F401 - re-exported
 
 EXTRA_FILE = "paravt_extra.pt"
 
@@ -215,20 +215,17 @@ def load_checkpoint(path: str | Path, model, optimizer) -> dict:
 
 def export_hf(model, processor, path: str | Path, dtype: str | None = None) -> None:
     """One full HF checkpoint of `model` (with its processor), loadable by transformers and vLLM.
-    A sharded model is gathered (every rank must call this) and written by rank 0. `dtype`: the
-    dtype the weights and config.json are written in, the one the policy was loaded in
+    A sharded model is gathered through the one bucketer (`paravt.models.full_weights`; every
+    rank must call this) onto rank 0's host, bucket by bucket, and written by rank 0. `dtype`:
+    the dtype the weights and config.json are written in, the one the policy was loaded in
     (`PolicySpec.dtype`), not the fp32 masters FSDP trains (35 GB instead of 17 for 8B, and
     `serve-rollout --dtype auto` would then serve fp32); None: the parameters' own."""
     sharded = any(isinstance(p, DTensor) for p in model.parameters())
-    if sharded:
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(model, options=opts)
-    else:
-        full = model.state_dict()
-    if not _dist() or dist.get_rank() == 0 or not sharded:
-        cast = getattr(torch, dtype) if dtype else None
-        if cast is not None:
-            full = {k: v.to(cast) if v.is_floating_point() else v for k, v in full.items()}
+    writes = is_writer() or not sharded  # unsharded: every process holds it all and writes
+    cast = getattr(torch, dtype) if dtype else None
+    device = "cpu" if sharded else None  # unsharded: the tensors stay where they are
+    full = writer_state_dict(state_items(model), writes, dtype=cast, device=device)
+    if writes:
         model.save_pretrained(str(path), state_dict=full)
         if cast is not None:  # save_pretrained writes the parameters' dtype into config.json
             model.config.dtype = dtype

@@ -31,12 +31,8 @@ def _one_step(setting: str, model_dir: str) -> dict:
 
     from paravt.models.forward import TokenIds, trajectory_logprobs
     from paravt.parallel.distributed import shard_prompts
-    from paravt.parallel.fsdp import (
-        fp32_master,
-        iter_full_state_dict,
-        mixed_precision,
-        shard_policy,
-    )
+    from paravt.parallel.fsdp import fp32_master, mixed_precision, shard_policy
+    from paravt.rollout.sync.weight_sync import iter_weights
 
     dtype = torch.float32 if setting == "fp32" else torch.bfloat16
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
@@ -48,9 +44,8 @@ def _one_step(setting: str, model_dir: str) -> dict:
         mp = mixed_precision("cpu", "bfloat16")
     shard_policy(model, mixed_precision=mp)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    before = {
-        n: t.float().clone() for b in iter_full_state_dict(model) for n, t in b if n in trainable
-    }
+    gathered = [(n, t) for b in iter_weights(model, device="cpu") for n, t in b]
+    before = {n: t.float().clone() for n, t in gathered if n in trainable}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     ids = TokenIds.from_tokenizer(processor.tokenizer)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -73,7 +68,8 @@ def _one_step(setting: str, model_dir: str) -> dict:
     }
     opt.step()
     seen["exp_avg"] = opt.state[param]["exp_avg"].to_local().dtype
-    after = {n: t.float() for b in iter_full_state_dict(model) for n, t in b if n in trainable}
+    gathered = [(n, t) for b in iter_weights(model, device="cpu") for n, t in b]
+    after = {n: t.float() for n, t in gathered if n in trainable}
     changed = sum(int((after[n] != before[n]).sum()) for n in before)
     total = sum(before[n].numel() for n in before)
     return {"changed_share": changed / total, "dtypes": seen}

@@ -9,26 +9,11 @@ Issue 50, finding 10: a bf16 checkpoint trained under FSDP2 (masters cast to fp3
 from __future__ import annotations
 
 import json
-import socket
 
-import pytest
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
 
 from paravt.parallel.fsdp import export_hf, fp32_master, shard_policy
-
-
-@pytest.fixture
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _written_dtypes(path) -> set[torch.dtype]:

@@ -54,7 +54,7 @@ def test_parameters_are_sharded_policy_and_reference(runs):
     assert sum(r["policy_local"] for r in train) == train[0]["policy_full"]
 
 
-def test_iter_full_state_dict_reproduces_weights_in_buckets(runs):
+def test_iter_weights_reproduces_weights_in_buckets(runs):
     train, _, _ = runs
     for res in train:
         assert res["full_keys_match"]

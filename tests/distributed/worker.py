@@ -109,9 +109,10 @@ def train_steps(model, opt, ids: TokenIds, start: int, stop: int, seen: list) ->
 
 
 def full_weights(model) -> dict[str, torch.Tensor]:
-    from paravt.parallel.fsdp import iter_full_state_dict
+    from paravt.rollout.sync.weight_sync import iter_weights
 
-    return {n: t.clone() for bucket in iter_full_state_dict(model) for n, t in bucket}
+    own = iter_weights(model, device="cpu", merge_lora=False)  # a LoRA policy: factors kept
+    return {n: t.clone() for bucket in own for n, t in bucket}
 
 
 def _shard_report(model, reference, before: dict) -> dict:
@@ -129,7 +130,8 @@ def _shard_report(model, reference, before: dict) -> dict:
 
 
 def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
-    from paravt.parallel.fsdp import export_hf, iter_full_state_dict, save_checkpoint, shard_policy
+    from paravt.parallel.fsdp import export_hf, save_checkpoint, shard_policy
+    from paravt.rollout.sync.weight_sync import iter_weights
 
     model, processor = load(model_dir)
     reference, _ = load(model_dir)
@@ -139,7 +141,7 @@ def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
     shard_policy(model, activation_checkpointing=False)
     shard_policy(reference)
     res = _shard_report(model, reference, before)
-    buckets = list(iter_full_state_dict(model, bucket_bytes=64 << 10))
+    buckets = list(iter_weights(model, 64 << 10, "cpu"))
     res["bucket_sizes"] = [sum(t.numel() * t.element_size() for _, t in b) for b in buckets]
     gathered = {n: t for b in buckets for n, t in b}
     res["full_keys_match"] = sorted(gathered) == sorted(original)
@@ -166,10 +168,12 @@ def scenario_train(model_dir: str, out: Path, ckpt: Path) -> dict:
 
 def _engine_and_full_state(model_dir: str, model, opt, weights: dict) -> dict:
     """An unsharded engine copy filled bucket by bucket; the full (rank-0 style) train state."""
-    from paravt.parallel.fsdp import iter_full_state_dict, load_buckets, train_state
+    from paravt.parallel.distributed import load_buckets
+    from paravt.parallel.fsdp import train_state
+    from paravt.rollout.sync.weight_sync import iter_weights
 
     engine, _ = load(model_dir)
-    copied = load_buckets(engine, iter_full_state_dict(model, bucket_bytes=32 << 10))
+    copied = load_buckets(engine, iter_weights(model, 32 << 10, "cpu"))
     full = train_state(model, opt, full=True)  # rank 0 holds it; the others get empty dicts
     res = {
         "engine_copied": copied,

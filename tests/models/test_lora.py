@@ -167,16 +167,18 @@ def test_the_export_gathers_bucket_by_bucket_and_only_rank_0_keeps_them(
 ):
     import weakref
 
-    from paravt.models import lora
+    from paravt.models import full_weights
+    from paravt.models.lora import merged_items
 
     model, _ = _policy(tiny_qwen3_dir)
     _perturb(model)
     want = merged_state_dict(model)
-    got = lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=True)  # rank 0
+    writer = full_weights.writer_state_dict
+    got = writer(merged_items(model), keep=True, bucket_bytes=1 << 16)  # rank 0
     assert list(got) == list(want)
     assert all(t.device.type == "cpu" and torch.equal(t, want[k]) for k, t in got.items())
     merged = {f"{n}.weight" for n in lora_layers(model)}  # new tensors, not parameters
-    real, alive, buckets = lora.iter_merged_state_dict, [], []
+    real, alive, buckets = full_weights.buckets, [], []
 
     def watched(*args, **kwargs):
         for bucket in real(*args, **kwargs):
@@ -187,8 +189,8 @@ def test_the_export_gathers_bucket_by_bucket_and_only_rank_0_keeps_them(
             yield bucket
             del bucket
 
-    monkeypatch.setattr(lora, "iter_merged_state_dict", watched)
-    assert lora.merged_state_dict_on_rank0(model, bucket_bytes=1 << 16, keep=False) == {}
+    monkeypatch.setattr(full_weights, "buckets", watched)
+    assert writer(merged_items(model), keep=False, bucket_bytes=1 << 16) == {}
     assert len(buckets) > 3 and len(alive) == len(merged)
 
 

@@ -31,7 +31,8 @@ the one the generator compares.
 
 How. `iter_weights` is the one gather: buckets of (name, full tensor) of a policy, gathered from
 FSDP2 DTensor shards and with LoRA adapters merged into the base weights under the base model's
-names (`paravt.models.lora.iter_merged_state_dict`), moved to the engine's device and dtype.
+names (`paravt.models.lora.merged_items`), moved to the engine's device and dtype, cut into
+buckets by the one bucketer the exports use too (`paravt.models.full_weights`).
 Under FSDP2 it is a collective: `full_tensor()` is called by every rank for the same tensor in the
 same order, so every rank runs the same sync at the same moment (each for its own engine, or
 `gather_only` on a rank without one); the gathered tensors stay on the shards' device until moved,
@@ -46,9 +47,8 @@ from typing import Any
 
 import torch
 
+from paravt.models.full_weights import Bucket, buckets, state_items
 from paravt.rollout.engine import RolloutEngine
-
-Bucket = list[tuple[str, torch.Tensor]]
 
 
 def iter_weights(
@@ -67,21 +67,14 @@ def iter_weights(
     floating-point tensors are cast to it: shard by shard before the gather (half the traffic
     of fp32 for bf16), after it when LoRA factors are merged (the merge in full precision). At
     most one bucket of full weights exists at a time when the consumer drops each before taking
-    the next.
+    the next. The one bucketer (`paravt.models.full_weights.buckets`) cuts either stream; only
+    the stream differs.
     """
-    from paravt.models.lora import is_lora, iter_merged_state_dict
-    from paravt.parallel.distributed import iter_full_state_dict
+    from paravt.models.lora import is_lora, merged_items
 
-    if not (merge_lora and is_lora(policy)):
-        yield from iter_full_state_dict(policy, bucket_bytes, device, dtype)
-        return
-    for bucket in iter_merged_state_dict(policy, bucket_bytes, device):
-        yield bucket if dtype is None else [(n, at_dtype(t, dtype)) for n, t in bucket]
-
-
-def at_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`t` cast to `dtype` when it is floating-point (integer buffers keep theirs)."""
-    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    merged = merge_lora and is_lora(policy)
+    items = merged_items(policy) if merged else state_items(policy, dtype)
+    return buckets(items, bucket_bytes, device, dtype)
 
 
 def host_weights(

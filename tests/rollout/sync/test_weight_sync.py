@@ -3,24 +3,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from paravt.models.loading import PolicySpec, load_policy
 from paravt.models.lora import lora_layers
 from paravt.rollout import build_engine
 from paravt.rollout.sync.weight_sync import WeightSync, iter_weights
-
-
-@pytest.fixture(scope="module")
-def lora_policy(tiny_qwen3_dir):
-    policy, processor = load_policy(PolicySpec(path=str(tiny_qwen3_dir), lora={"rank": 4}))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # B starts at 0: random adapters make the merge visible
-        for layer in lora_layers(policy).values():
-            b = layer.lora_B["default"].weight
-            b.copy_(torch.randn(b.shape, generator=g))
-    return policy, processor
 
 
 def _flat(buckets) -> dict[str, torch.Tensor]:
