@@ -68,8 +68,10 @@ class Gateway:
         episode_id: str | None = None,
         payload: dict | None = None,
         params: SamplingParams | None = None,
+        seed: int | None = None,
     ) -> str:
-        """Open an episode; `params` (training) replace the sampling fields of its requests."""
+        """Open an episode; `params` (training) replace the sampling fields of its requests, and
+        `seed` (training) is its seed stream (each request's seed derives from it and the turn)."""
         eid = episode_id or uuid.uuid4().hex
         if not isinstance(eid, str) or not eid or "/" in eid:
             raise HTTPError(400, f"episode id {eid!r} must be a non-empty string without '/'")
@@ -77,7 +79,7 @@ class Gateway:
             raise HTTPError(409, f"episode {eid!r} is already open")
         if len(self.episodes) >= self.max_episodes:
             raise HTTPError(429, f"{self.max_episodes} episodes are open: finish some first")
-        self.episodes[eid] = Episode(eid, dict(payload or {}), params=params)
+        self.episodes[eid] = Episode(eid, dict(payload or {}), params=params, seed=seed)
         self.locks[eid] = asyncio.Lock()
         return eid
 

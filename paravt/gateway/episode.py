@@ -27,7 +27,12 @@ from paravt.agent.loop import sampled_by
 from paravt.agent.parsing import parse_tool_calls
 from paravt.agent.render import ChatRenderer, Segment
 from paravt.gateway.media import MediaConfig, RequestError, convert_message
-from paravt.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams
+from paravt.rollout.engine import (
+    GenerationOutput,
+    GenerationRequest,
+    SamplingParams,
+    derive_seed,
+)
 from paravt.types import Frames, ParsedCall, Trajectory, Turn, Visual
 
 
@@ -57,6 +62,9 @@ class Episode:
     forks: Counter = field(default_factory=Counter)  # reason -> count
     reward: float | None = None
     params: SamplingParams | None = None  # set: the trainer's sampling, whatever the agent asks
+    # set (training): the trajectory's seed stream, as `AgentLoop` gives each trajectory; the
+    # request of turn t samples with derive_seed(seed, t, 0), as the agent loop's turn t does
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,10 +81,12 @@ class Pending:
 
     def request(self) -> GenerationRequest:
         seg, name = self.segment, f"episode {self.episode.id}"
+        turn = 0 if self.new else len(self.branch.turns)
+        seed = derive_seed(self.episode.seed, turn, 0)
         if self.new:
-            return GenerationRequest(seg.token_ids, seg.visuals, name)
+            return GenerationRequest(seg.token_ids, seg.visuals, name, seed)
         ids = (*self.branch.ids, *seg.token_ids)
-        return GenerationRequest(ids, (*self.branch.visuals, *seg.visuals), name)
+        return GenerationRequest(ids, (*self.branch.visuals, *seg.visuals), name, seed)
 
 
 def canonical(message: dict[str, Any]) -> str:

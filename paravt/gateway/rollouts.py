@@ -27,7 +27,7 @@ from typing import Any
 from paravt.gateway.app import Gateway
 from paravt.gateway.serve import serving
 from paravt.gateway.task import task_payload
-from paravt.rollout.engine import SamplingParams
+from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.types import AgentRun, Sample, Trajectory
 
 AgentProgram = Callable[[str, dict[str, Any]], Any]
@@ -108,20 +108,29 @@ class GatewayRollouts:
         group_size: int,
         params: SamplingParams,
         skip_bad_videos: bool = True,
+        positions: Sequence[int] | None = None,
     ) -> AgentRun:
         """B * G rollouts by the agent program, group-major, as `AgentLoop.run` returns them
-        (`skip_bad_videos` is accepted for its signature: a failed agent never stops a step)."""
+        (`skip_bad_videos` is accepted for its signature: a failed agent never stops a step).
+        `positions`: each sample's index in the step's whole batch, as `AgentLoop.start` takes
+        them; rollout g of the sample at position p samples from the seed stream the agent loop
+        would give it, derive_seed(derive_seed(params.seed, p), g)."""
+        positions = range(len(samples)) if positions is None else positions
+        if len(positions) != len(samples):
+            raise ValueError(f"got {len(positions)} positions for {len(samples)} samples")
         self.start()
         self._serve_videos_of(samples)
         t0 = time.perf_counter()
         turn = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, self.max_new_tokens))
         jobs = []
-        for sample, budget in zip(samples, budgets, strict=True):
+        for sample, budget, p in zip(samples, budgets, positions, strict=True):
             payload = task_payload(
                 sample, budget, self.source, self.system, self.overview_max_pixels
             )
+            stream = derive_seed(params.seed, p)
             for g in range(group_size):
-                eid = self.gateway.open(f"{sample.id}.{g}.{uuid.uuid4().hex[:8]}", payload, turn)
+                eid = f"{sample.id}.{g}.{uuid.uuid4().hex[:8]}"
+                eid = self.gateway.open(eid, payload, turn, seed=derive_seed(stream, g))
                 url = f"{self.url}/episodes/{eid}/v1"
                 jobs.append((sample, g, budget, eid, self._pool.submit(self.program, url, payload)))
         errors: dict[str, str] = {}

@@ -14,7 +14,7 @@ from paravt.gateway.batcher import Batcher
 from paravt.gateway.episode import EpisodeRenderer
 from paravt.gateway.media import MediaConfig
 from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
-from paravt.rollout.engine import SamplingParams
+from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.video.reader import VideoReader
 from tests.gateway.mimic import failing_program, http_program
 from tests.gateway.test_episode import scripted
@@ -109,3 +109,39 @@ def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, ne
         assert traj.visuals[1].frames.timestamps == (2.0, 3.0, 4.0, 5.0)
         assert traj.visuals[2].frames.timestamps == (10.0, 11.0, 12.0, 13.0)
         assert traj.turns[-1].text.endswith("<answer>A</answer>")
+
+
+class _SeedLog:
+    """The scripted engine, noting the seed of every request it is asked to continue."""
+
+    def __init__(self, engine):
+        self.engine, self.seeds = engine, []
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, requests, params):
+        self.seeds += [r.seed for r in requests]
+        return self.engine.generate(requests, params)
+
+
+def test_agent_program_requests_take_the_agent_loops_seeds(setup, needle_samples):
+    """Rollout g of the sample at batch position p samples turn t with the seed the agent loop
+    gives it, derive_seed(derive_seed(derive_seed(step seed, p), g), t, 0): one seed per request
+    across the step's ranks and turns, whichever episodes share an engine call."""
+    gateway, engine, renderer = setup
+    samples, positions = needle_samples[:2], (5, 9)  # this rank's share of a larger batch
+    params = SamplingParams(greedy=True, max_new_tokens=200, seed=7)
+    loop_log, ours_log = _SeedLog(engine), _SeedLog(engine)
+    loop = AgentLoop(loop_log, renderer, VideoReader(), AgentConfig(max_rounds=2))
+    loop.run(samples, [4, 4], 2, params, positions=positions)
+    seeded = Gateway(gateway.renderer, Batcher(ours_log))
+    with GatewayRollouts(seeded, http_program, VideoReader(), workers=4) as rollouts:
+        rollouts.run(samples, [4, 4], 2, params, positions=positions)
+    assert None not in ours_log.seeds and len(set(ours_log.seeds)) == len(ours_log.seeds)
+    assert sorted(ours_log.seeds) == sorted(loop_log.seeds)
+    first = derive_seed(derive_seed(derive_seed(7, 9), 1), 0, 0)  # position 9, g = 1, turn 0
+    assert first in ours_log.seeds
+    with pytest.raises(ValueError, match="2 positions for 1 samples"):
+        rollouts.run(samples[:1], [4], 2, params, positions=positions)
