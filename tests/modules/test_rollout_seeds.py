@@ -8,7 +8,6 @@ The ranks are simulated on one process through the prompt loader's rank / world-
 from __future__ import annotations
 
 import pytest
-from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from paravt.agent import prompts
 from paravt.agent.loop import AgentConfig
@@ -18,16 +17,7 @@ from paravt.modules.rollout_datamodule import RolloutConfig, RolloutDataModule
 from paravt.rollout.engine import GenerationRequest, SamplingParams, request_seeds
 from paravt.rollout.engines.hf import TransformersEngine
 from paravt.rollout.engines.scripted import ScriptedEngine
-
-
-class Policy:
-    """The `RolloutPolicy` Protocol, without Lightning."""
-
-    def __init__(self, path):
-        self.policy = AutoModelForImageTextToText.from_pretrained(path)
-        self.processor = AutoProcessor.from_pretrained(path)
-        self.policy_version = 0
-        self.model_path = str(path)
+from tests.rollout.test_rollout_datamodule import Policy
 
 
 @pytest.fixture(scope="module")
