@@ -7,11 +7,13 @@ inherited (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*, TORCHELASTIC_*, SLURM_PROCID,
 engine is a standalone one, never a member of the trainer's process group, and it sees only the
 trainer rank's GPU (`standalone_env`). It loads the policy's architecture and processor onto that
 device (`generator_device`: the trainer rank's CUDA device, else the CPU), copies the trainer's
-current weights from `SharedWeights`, builds its own engine and agent loop, pins itself to its
-cores, and then runs `GenTask`s in order: before each task it loads the newest published
-weights, and it sends a `GenResult` (grouped trajectories + the version they were sampled under
-+ busy time) back, queueing at most `max_pending` while the trainer has not read them. Which
-steps may start is decided by the trainer (`paravt.rollout.sync.staleness`). With `rollout.partial`
+current weights from `SharedWeights` (on rollout servers it copies nothing: its policy is a
+skeleton over the shared host tensors, which the servers' syncs read), builds its own engine
+and agent loop, pins itself to its cores, and then runs `GenTask`s in order: before each task
+it loads the newest published weights, and it sends a `GenResult` (grouped trajectories + the
+version they were sampled under + busy time) back, queueing at most `max_pending` while the
+trainer has not read them. Which steps may start is decided by the trainer
+(`paravt.rollout.sync.staleness`). With `rollout.partial`
 the submitted steps are played together, a round at a time, and the weights may change between
 rounds (`paravt.generator.partial_rollouts`).
 
@@ -132,20 +134,36 @@ def _pin(cores: Sequence[int], threads: int) -> None:
     torch.set_num_threads(max(1, threads))
 
 
+def _policy(spec: GeneratorSpec, weights, device: str):
+    """(the child's policy, its processor): a copy on `device` for an engine that generates
+    with it; for one whose weights live elsewhere (rollout servers), a meta-device skeleton
+    that `attach`es the shared host tensors: what its syncs send is read from there, so no copy
+    of the policy is made, on the GPU or the host (issue 50, finding 8)."""
+    from paravt.models.loading import load_policy
+    from paravt.rollout.factory import holds_own_weights
+
+    remote = holds_own_weights(getattr(spec.engine, "name", ""))
+    model, processor = load_policy(spec.policy, on_meta=remote)
+    model.requires_grad_(False).eval()
+    if remote:
+        weights.attach(model)
+    else:
+        model.to(device)
+    return model, processor
+
+
 def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
-    """The child's policy copy on `device`, its engine and agent loop."""
+    """The child's policy (`_policy`), its engine and agent loop."""
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.models.loading import load_policy
     from paravt.rollout.factory import build_engine
     from paravt.rollout.sync.weight_sync import WeightSync
     from paravt.video.reader import VideoReader
 
-    model, processor = load_policy(spec.policy)
-    model.requires_grad_(False).eval().to(device)
-    version = weights.load_into(model, everything=True)
+    model, processor = _policy(spec, weights, device)
     engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
-    WeightSync.changed(engine, model, version)  # the shared copy's weights, not the path's
+    with weights.current(model, everything=True) as version:
+        WeightSync.changed(engine, model, version)  # the shared copy's weights, not the path's
     agent = AgentLoop(
         engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop, tools=spec.tools
     )

@@ -218,6 +218,13 @@ def loads_from_path(name: str, model_path: str | None) -> bool:
     return name in ("vllm", "vllm_server") and model_path is not None
 
 
+def holds_own_weights(name: str) -> bool:
+    """Whether engine `name` keeps its weights out of the caller's process (rollout servers):
+    the policy it is given is read only when it syncs, so the caller needs no copy on a device
+    (the async generator then reads the shared host copy, `SharedWeights.attach`)."""
+    return name == "vllm_server"
+
+
 def check_engine_name(name: str) -> None:
     """A clear error for an engine name the factory does not know."""
     if name not in ENGINES:

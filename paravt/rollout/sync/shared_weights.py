@@ -19,9 +19,17 @@ the real checkpoints), not at the trainer's fp32 master dtype: 2 bytes a paramet
 for an 8B model instead of 33 GB at fp32. On GPUs every publish is then a device-to-host copy
 of the gathered weights on the owning rank and every load a host-to-device copy in the
 generator; nothing travels as CUDA IPC handles (not implemented).
+
+A generator whose engine keeps its weights elsewhere (rollout servers, `rollout/engine=
+vllm_server`) makes no copy at all: `attach` makes the shared tensors its policy's own (a
+meta-device skeleton's parameters, assigned), and each sync reads them in place under the lock
+(`current`), so no GPU copy of the policy exists for staging (issue 50, finding 8).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -34,6 +42,7 @@ class SharedWeights:
     def __init__(self, tensors: dict[str, torch.Tensor], trainable: tuple[str, ...], value, lock):
         self.tensors, self.trainable, self._value, self._lock = tensors, trainable, value, lock
         self.dtype: torch.dtype | None = None  # `create`'s: every publish gathers at it
+        self.attached = None  # the module whose tensors these are (`attach`, in the generator)
 
     @classmethod
     def create(
@@ -63,6 +72,29 @@ class SharedWeights:
                 if name in trainable:
                     self.tensors[name].copy_(tensor)
             self._value.value = version
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"attached": None}  # a module stays in the process that made it
+
+    @torch.no_grad()
+    def attach(self, model) -> None:
+        """Make the shared tensors `model`'s own (no copy; e.g. a meta-device skeleton's): it
+        then always holds the newest published weights, read in place under `current`."""
+        model.load_state_dict(self.tensors, strict=True, assign=True)
+        model.tie_weights()  # assign replaced each tied tensor separately: tie them again
+        self.attached = model
+
+    @contextlib.contextmanager
+    def current(self, model, everything: bool = False) -> Iterator[int]:
+        """`model` with the newest published weights for the block; their version. A model
+        with weights of its own is loaded (`load_into`) and the lock released before the block;
+        the `attach`ed one is read in place, so the lock is held through the block: a publish
+        waits instead of changing the weights half-way through a sync that reads them."""
+        if model is not self.attached:
+            yield self.load_into(model, everything)
+            return
+        with self._lock:
+            yield int(self._value.value)
 
     @torch.no_grad()
     def load_into(self, model, everything: bool = False) -> int:

@@ -22,7 +22,8 @@ When. Every sync goes through one `WeightSync` method, named for its moment:
 - `publish` / `into_generator` (`rollout.mode: async`): after each update the trainer publishes
   the new weights into the shared host copy (`paravt.rollout.sync.shared_weights`; every rank joins
   the gather, rank 0 holds the copy); the generator process loads them into its own policy copy
-  and engine before its next task when the shared version moved.
+  and engine before its next task when the shared version moved (a generator on rollout servers
+  has no copy: its engine's sync reads the shared tensors in place).
 
 Version bookkeeping. `policy_version` counts the trainer's optimiser updates; an engine's
 `weight_version` is the update its weights come from, set by `sync_weights`. Their difference is
@@ -157,9 +158,11 @@ class WeightSync:
 
     @staticmethod
     def into_generator(engine: RolloutEngine, model: Any, shared) -> bool:
-        """Async generator, before a task: when the shared copy's version moved, load it into
-        `model` and sync `engine` to it; whether it synced."""
+        """Async generator, before a task: when the shared copy's version moved, sync `engine`
+        to it through `model` (loaded from it, or reading it in place: `SharedWeights.current`);
+        whether it synced."""
         if shared.version == engine.weight_version:
             return False
-        engine.sync_weights(model, shared.load_into(model))
+        with shared.current(model) as version:
+            engine.sync_weights(model, version)
         return True
