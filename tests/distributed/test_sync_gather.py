@@ -1,10 +1,9 @@
 """Issue 50, finding 8: the weight sync casts each fp32 shard to bf16 before gathering it (half
 the traffic of gathering fp32 and casting after), with the same values, and a rank that
 discards the gathered weights (`gather_only`, a server checkpoint's non-writing rank) joins at
-the same dtype. Two CPU ranks, FSDP2
-over gloo (`tests/distributed/sync_worker.py`). Not observable on CPU: that those ranks leave
-each bucket on its GPU instead of copying it to the host (device None, not "cpu"; on a CPU
-both are the same memory)."""
+the same dtype and copies nothing to the host. Two CPU ranks, FSDP2 over gloo
+(`tests/distributed/sync_worker.py`); the bytes each rank moves to the host are counted from the
+copies it asks for (`.to(cpu)`, `.cpu()`: device-to-host copies on a GPU, no-ops here)."""
 
 from __future__ import annotations
 
@@ -44,3 +43,11 @@ def test_a_server_checkpoint_gathers_bf16_on_every_rank_and_rank_0_writes_it(ran
     written, expected = ranks[0]["written"], ranks[0]["expected"]
     assert written.keys() == expected.keys() and not ranks[1]["written"]
     assert all(torch.equal(written[k], expected[k]) for k in expected)
+
+
+def test_only_the_rank_that_keeps_the_weights_copies_them_to_the_host(ranks):
+    """2 Linear layers: 8*6 + 6 + 6*4 + 4 = 82 parameters, 164 bytes in bf16. Rank 0 copies
+    each full tensor to the host once (into the shared copy, into the checkpoint); rank 1,
+    which discards them, none (before the fix: the whole model every step, in fp32 first)."""
+    assert [r["published_host_bytes"] for r in ranks] == [164, 0]
+    assert [r["written_host_bytes"] for r in ranks] == [164, 0]
