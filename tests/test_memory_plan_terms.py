@@ -87,3 +87,41 @@ def test_awake_during_the_update_the_8b_recipe_does_not_fit(capsys):
 def test_check_recipe_prints_the_headroom(capsys):
     assert main(PAPER) == 0
     assert "  headroom 13.5 GiB per GPU" in capsys.readouterr().out
+
+
+# ---- rank 0's asynchronous generator (issue 50, finding 8) ------------------------------------
+ONE_PLUS_SEVEN = ["experiment=paragrpo_1p7", "model.path=/m/Qwen3-VL-8B-Instruct"]
+
+
+def plan_of(*overrides: str) -> dict[str, float]:
+    return plan(PUBLISHED["qwen3_vl_8b"], plan_inputs(compose(list(overrides)), 80.0))
+
+
+def test_the_1p7_generator_holds_nothing_on_rank_0s_gpu_with_checkpoint_syncs(capsys):
+    """Its policy is a skeleton over the shared host copy; the plan says so, and counts none
+    of the 16.3 GiB bf16 copy it kept before."""
+    numbers = plan_of(*ONE_PLUS_SEVEN)
+    assert not [k for k in numbers if "generator" in k]
+    assert main(ONE_PLUS_SEVEN) == 0
+    assert "rank 0's async generator holds nothing on a GPU" in capsys.readouterr().out
+
+
+def test_the_1p7_generator_sending_over_nccl_counts_its_context_bucket_and_communicator():
+    """1 GiB context + a bucket below 256 MiB + the largest tensor (151,936 x 4,096 in bf16:
+    1,244,659,712 B) + 768 MiB: 3,392,143,360 B (3.16 GiB) more on rank 0's GPU."""
+    base = plan_of(*ONE_PLUS_SEVEN)
+    nccl = plan_of(*ONE_PLUS_SEVEN, "rollout.engine.weight_transfer=nccl")
+    assert nccl["rank 0: generator sync bucket on the GPU"] == 256 * MIB + 2 * HEAD
+    assert nccl["peak"] - base["peak"] == GIB + 256 * MIB + 2 * HEAD + 768 * MIB == 3_392_143_360
+
+
+def test_a_generator_with_an_engine_of_its_own_counts_its_policy_copy(capsys):
+    """rollout.mode=async with the transformers engine: rank 0's GPU holds the generator's
+    bf16 copy (2 x 8.77e9 B) and the KV cache of all 8 ranks' 8 rollouts at 32,768 tokens
+    (36 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 147,456 B a token: 288 GiB), so the
+    plan refuses it and names generation servers first."""
+    numbers = plan_of(*PAPER, "rollout.mode=async", "rollout/engine=hf")
+    assert numbers["rank 0: generator policy copy"] == 2 * 8_770_000_000
+    assert numbers["rank 0: generator KV cache (whole batch)"] == 64 * 32_768 * 147_456
+    assert main([*PAPER, "rollout.mode=async", "rollout/engine=hf"]) == 2
+    assert "fix: rollout/engine=vllm_server, " in capsys.readouterr().out

@@ -168,6 +168,48 @@ class PlanInputs:
     gpu_gb: float
     engine_dtype: str = "bfloat16"  # the engine's weights and KV cache (rollout.engine.dtype)
     feature_cache_bytes: int = 0  # bound of one model's vision feature cache (rollout.vision_cache)
+    # rank 0's async generator process (`generator_items`): "" none (sync), "host", "nccl", "copy"
+    generator: str = ""
+    sync_bucket_bytes: int = 256 * MIB  # rollout.engine.sync_bucket_mb
+
+
+GENERATORS = ("", "host", "nccl", "copy")
+
+
+def generator_items(size: ModelSize, x: PlanInputs) -> dict[str, float]:
+    """What rank 0's asynchronous generator process (`paravt.generator.worker`) holds on rank
+    0's GPU, through both phases (it runs beside the update):
+    - "host": rollout servers synced by checkpoint. Its policy is a skeleton over the shared
+      host copy (`SharedWeights.attach`) and nothing in it touches CUDA: nothing.
+    - "nccl": rollout servers synced over NCCL, sent from that host copy a bucket at a time:
+      its CUDA context, one bucket on the GPU (a bucket closes once it reaches the bound, so
+      it holds less than the bound plus the largest tensor, an embedding matrix) and the
+      transfer group's communicator.
+    - "copy": an engine of its own in the process, built on a policy copy at the engine
+      dtype: with its CUDA context, and the KV cache of the whole batch (the generator samples
+      every rank's prompts) at full length for the transformers engine, or the in-process
+      vLLM engine's share of the GPU (which check-recipe refuses on GPUs: issue 50, 3)."""
+    if x.generator not in GENERATORS:
+        raise ValueError(f"generator {x.generator!r}: one of {GENERATORS}")
+    nbytes = DTYPES[x.engine_dtype][0]
+    if x.generator == "nccl":
+        return {
+            "rank 0: generator CUDA context": CUDA_CONTEXT,
+            "rank 0: generator sync bucket on the GPU": x.sync_bucket_bytes
+            + nbytes * size.vocab * size.hidden,
+            "rank 0: generator NCCL communicator (weights)": NCCL_COMMUNICATOR,
+        }
+    if x.generator != "copy":
+        return {}
+    out = {
+        "rank 0: generator policy copy": nbytes * size.total_params,
+        "rank 0: generator CUDA context": CUDA_CONTEXT,
+    }
+    if x.engine == "vllm":
+        return out | {"rank 0: generator vLLM engine (its share)": x.vllm_share * x.gpu_gb * 1e9}
+    batch = x.prompts_per_rank * x.world * x.group_size
+    kv_token = size.kv_bytes_per_token // 2 * nbytes
+    return out | {"rank 0: generator KV cache (whole batch)": batch * x.max_total_tokens * kv_token}
 
 
 def _engine_items(size: ModelSize, x: PlanInputs) -> tuple[dict[str, float], float, float]:
@@ -220,7 +262,7 @@ def plan(size: ModelSize, x: PlanInputs) -> dict[str, float]:
         "gathered bf16 layers (2 in flight)": 2 * 2 * size.layer_params,
     } | _overheads(x)
     engine, kv_phase, kv_need = _engine_items(size, x)
-    out |= engine
+    out |= engine | generator_items(size, x)
     # The chunked lm_head (paravt/rl/fused_logprobs.py) never holds [t, V] logits: its working
     # set is about three [chunk, V] fp32 buffers (docs/results.md, measured on CPU).
     logits = 3 * min(t, HEAD_CHUNK) * size.vocab * 4
@@ -270,6 +312,11 @@ def format_plan(size: ModelSize, x: PlanInputs, numbers: dict[str, float]) -> st
             f"  note: vLLM's KV reservation ({reserved / GIB:.1f} GiB) is below what all of a "
             f"rank's rollouts need at full length ({need / GIB:.1f} GiB): it runs fewer at a "
             "time (raise rollout.engine.gpu_memory_utilization if the plan leaves room)"
+        )
+    if x.generator == "host":
+        lines.append(
+            "  rank 0's async generator holds nothing on a GPU: its policy is the shared host "
+            "copy, which each checkpoint sync reads in place"
         )
     used = "with" if x.checkpointing else "without"
     lines.append(

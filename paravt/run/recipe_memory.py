@@ -38,7 +38,21 @@ def plan_inputs(cfg: DictConfig, gpu_gb: float):
         gpu_gb=gpu_gb,
         engine_dtype=plan_engine_dtype(cfg),
         feature_cache_bytes=feature_cache_bytes(cfg),
+        generator=generator_role(cfg),
+        sync_bucket_bytes=int(engine.get("sync_bucket_mb", 256)) << 20,
     )
+
+
+def generator_role(cfg: DictConfig) -> str:
+    """What rank 0's async generator puts on its GPU (`paravt.run.memory_plan.generator_items`):
+    none in sync mode; on rollout servers nothing ("host", checkpoint sync) or a sync bucket
+    ("nccl"); otherwise a policy copy its engine generates with ("copy")."""
+    if cfg.rollout.get("mode", "sync") != "async":
+        return ""
+    engine = cfg.rollout.engine
+    if engine.get("name") != SERVER_ENGINE:
+        return "copy"
+    return "nccl" if engine.get("weight_transfer", "checkpoint") == "nccl" else "host"
 
 
 def feature_cache_bytes(cfg: DictConfig) -> int:
@@ -83,9 +97,12 @@ def memory_report(
     # bitsandbytes' 8-bit AdamW is no fix under FSDP (`_library_problems`)
     eight_bit = "" if _sharded(cfg) else "optimizer=adamw8bit, "
     sleep = "" if x.engine != "vllm" or x.sleep_mode else "rollout.engine.enable_sleep_mode=true, "
+    # a generator generating on rank 0's GPU needs a policy copy there; on servers it needs none
+    servers = "rollout/engine=vllm_server, " if x.generator == "copy" else ""
     fix = (
-        f"{sleep}model.gradient_checkpointing=true, a lower algorithm.micro_batch_tokens or "
-        f"rollout.agent.max_total_tokens, {eight_bit}or more ranks (trainer.devices)"
+        f"{servers}{sleep}model.gradient_checkpointing=true, a lower "
+        "algorithm.micro_batch_tokens or rollout.agent.max_total_tokens, "
+        f"{eight_bit}or more ranks (trainer.devices)"
     )
     need = f"{numbers['peak'] / GIB:.1f} GiB per GPU"
     return text, [Problem(f"the memory plan needs {need}, more than a {gpu_gb:g} GB GPU", fix)]
