@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests import forkserver
 
@@ -43,6 +44,45 @@ def test_selection_keeps_the_script_order_and_refuses_unknown_names():
     with pytest.raises(SystemExit, match=r"unknown stage.*nope"):
         stages.select("nccl,nope")
     assert sum(limit for limit, _ in stages.STAGES.values()) <= 450  # run.sh: 50 s pip + 450
+
+
+def _run_sh_timeout(command: str) -> int:
+    """The seconds of run.sh's `timeout N ...` line that runs `command`."""
+    for line in (HERE / "run.sh").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["timeout"] and command in line:
+            return int(words[1])
+    raise AssertionError(f"run.sh has no `timeout N` line running {command}")
+
+
+def test_each_stage_is_expected_within_75_percent_of_its_limit_and_all_fit_the_budget():
+    """Stage limits 30 + 150 + 60 + 60 + 150 = 450 s, under run.sh's 480 for the runner; with
+    the machine's start (180), the CUDA check (10) and the wheel install (50): 720 s of the
+    session's 900."""
+    for name, (limit, _) in stages.STAGES.items():
+        assert stages.EXPECTED_S[name] <= 0.75 * limit, (name, stages.EXPECTED_S[name], limit)
+    runner, pip = _run_sh_timeout("stages.py"), _run_sh_timeout("pip install")
+    assert sum(limit for limit, _ in stages.STAGES.values()) + 20 <= runner
+    total = stages.START_UP_S + stages.CUDA_CHECK_S + pip + runner
+    assert total <= stages.DEVICE_BUDGET_S, total
+
+
+def test_the_step_stages_memory_bound_is_within_75_percent_of_the_smaller_lent_gpu():
+    """The step stage passes with a peak up to 1.25 x the memory plan; at its largest row (4
+    layers, 16,384 tokens: 37.5 GiB planned) that bound, 46.8 GiB, is within 75% of an H100's
+    78 GiB (58.5 GiB); the H200's 139 GiB holds it more easily."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    sys.path.insert(0, str(HERE))
+    import stage_work
+
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration._from_config(
+            stage_work.qwen3_vl_8b_config(4, tiny=False), dtype=torch.float32
+        )
+    bound = stage_work.PLAN_MARGIN * stage_work.plan_update_gib(model, 16_384, tiny=False)
+    assert bound == pytest.approx(46.8, abs=0.1)
+    assert bound <= 0.75 * 78
 
 
 def _run(tmp_path, *args) -> tuple[int, dict, str]:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
+# The run takes about 3 minutes (docs/development.md); a hang (a sender, a server, a rank left
+# in a collective) fails it at RUN_LIMIT_S instead of holding the suite, and pytest's limit is
+# the backstop over the fixtures' builds too.
+RUN_LIMIT_S = 480
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_1p7_topology_trains_and_evaluates_on_cpu(caller_dir, needle_dir, tmp_path, train_py):
@@ -43,7 +47,7 @@ def test_the_1p7_topology_trains_and_evaluates_on_cpu(caller_dir, needle_dir, tm
         "hydra.run.dir": str(tmp_path),
     }
     args = [f"{k}={v}" for k, v in settings.items()]
-    proc = train_py(*args, timeout=1400, env={"PARAVT_ASSUME_GPU": "1"})
+    proc = train_py(*args, timeout=RUN_LIMIT_S, env={"PARAVT_ASSUME_GPU": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert "MEMBER: 2/2" in out
@@ -51,4 +55,6 @@ def test_the_1p7_topology_trains_and_evaluates_on_cpu(caller_dir, needle_dir, tm
     acc.Reload()
     run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
     assert run["update/trajectories"] == [4.0, 4.0]  # both ranks trained their share
-    assert len(run["val/needle/accuracy"]) >= 1  # the held-out evaluation ran inside the run
+    # held-out evaluations after steps 1 and 2: the first inside the run, with step 2's
+    # rollouts in flight on the servers (every_n_steps 1; none at the start)
+    assert [e.step for e in acc.Scalars("val/needle/accuracy")] == [1, 2]
