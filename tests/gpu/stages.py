@@ -35,7 +35,7 @@ STAGES = {
 # Expected seconds of each stage there, each within 75% of its limit (tests/gpu/test_stages.py).
 # Estimates, not GPU measurements: a stage's process imports torch, transformers and Lightning
 # (7 s of CPU measured here); its CPU work is scaled from the `--device cpu --tiny` rehearsal on
-# this project's 2 cores; its GPU work is small at the published ~800 TFLOP/s bf16 (KINDS.md):
+# this project's 2 cores; its GPU work is small at the ~800 TFLOP/s bf16 the lent machines show:
 # 6 x 2.6e9 parameters x 16,384 tokens = 2.6e14 FLOP, under a second a step.
 # - nccl: imports + CUDA context + a 1-rank NCCL group.
 # - step: imports, Qwen's processor folder (CPU), then 4 Lightning fits of about 8 s each
@@ -46,7 +46,7 @@ STAGES = {
 EXPECTED_S = {"nccl": 10, "step": 60, "rollout_copy": 30, "engine": 25, "gpu_tests": 80}
 # The device machine's time around the stages, counted in the session's 15 minutes: its start
 # and the working tree's transfer ("a minute or more" each call, the device README), then
-# run.sh's CUDA check and wheel install (its `timeout 50`).
+# run.sh's CUDA check and the wheels' unpacking (its `timeout 50`).
 START_UP_S = 180
 CUDA_CHECK_S = 10
 DEVICE_BUDGET_S = 900
