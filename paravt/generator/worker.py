@@ -13,9 +13,9 @@ and agent loop, pins itself to its cores, and then runs `GenTask`s in order: bef
 it loads the newest published weights, and it sends a `GenResult` (grouped trajectories + the
 version they were sampled under + busy time) back, queueing at most `max_pending` while the
 trainer has not read them. Which steps may start is decided by the trainer
-(`paravt.rollout.sync.staleness`). With `rollout.partial`
-the submitted steps are played together, a round at a time, and the weights may change between
-rounds (`paravt.generator.partial_rollouts`).
+(`paravt.rollout.sync.staleness`). With `rollout.partial` the submitted steps are played
+together, a round at a time, and the weights may change between rounds
+(`paravt.generator.partial_rollouts`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
