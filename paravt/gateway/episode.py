@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,8 @@ class Episode:
     # set (training): the trajectory's seed stream, as `AgentLoop` gives each trajectory; the
     # request of turn t samples with derive_seed(seed, t, 0), as the agent loop's turn t does
     seed: int | None = None
+    touched: float = field(default_factory=time.monotonic)  # the last request's time
+    held: bool = False  # set (training): its agent returned, it waits for paravt's finish
 
 
 @dataclass(frozen=True)

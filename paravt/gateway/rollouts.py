@@ -5,8 +5,9 @@ opens B * G episodes (each with paravt's task payload and the trainer's sampling
 which replace whatever the agent asks for), hands each to the agent program on a long-lived
 worker pool (threads, started once: an agent spends its time waiting on HTTP, and a fresh
 Python process per rollout costs about a second here), and returns each episode's last
-trajectory in group-major order. An agent that raises gets an empty `AGENT_ERROR` trajectory
-(scored as no answer) and its error in `video_errors`, so the other rollouts go on.
+trajectory in group-major order. An agent that raises, or leaves its episode idle past the
+gateway's `episode_idle_s` (it hung), gets an empty `AGENT_ERROR` trajectory (scored as no
+answer) and its error in `video_errors`, so the other rollouts go on.
 
 An agent program is `program(base_url, payload) -> float | None`: `base_url` is the episode's
 OpenAI base URL (`.../episodes/<id>/v1`), `payload` the task (`paravt.gateway.task`); a number
@@ -15,6 +16,7 @@ it returns is stored as the episode's reward (as `POST /v1/episodes/<id>/reward`
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from paravt.gateway.app import Gateway
+from paravt.gateway.app import Gateway, HTTPError
 from paravt.gateway.serve import serving
 from paravt.gateway.task import task_payload
 from paravt.rollout.engine import SamplingParams, derive_seed
@@ -131,8 +133,9 @@ class GatewayRollouts:
             for g in range(group_size):
                 eid = f"{sample.id}.{g}.{uuid.uuid4().hex[:8]}"
                 eid = self.gateway.open(eid, payload, turn, seed=derive_seed(stream, g))
-                url = f"{self.url}/episodes/{eid}/v1"
-                jobs.append((sample, g, budget, eid, self._pool.submit(self.program, url, payload)))
+                self.gateway.episodes[eid].held = True  # until a worker plays it
+                future = self._pool.submit(self._play, eid, payload)
+                jobs.append((sample, g, budget, eid, future))
         errors: dict[str, str] = {}
         trajs = [self._collect(*job, errors) for job in jobs]
         return AgentRun(tuple(trajs), errors, {"agent": time.perf_counter() - t0})
@@ -143,12 +146,37 @@ class GatewayRollouts:
         media = self.gateway.renderer.media
         self.gateway.renderer.media = replace(media, root=os.path.commonpath(folders))
 
+    def _play(self, eid: str, payload: dict[str, Any]) -> Any:
+        """The program's episode. It is held (never idle) while it waits for a worker and
+        once the program returned, until `_collect` takes it: only the program's own time
+        between its requests counts against the idle limit."""
+        episode = self.gateway.get(eid)  # touched: idle from now on
+        episode.held = False
+        try:
+            return self.program(f"{self.url}/episodes/{eid}/v1", payload)
+        finally:
+            episode.held = True
+
+    def _outcome(self, eid: str, future) -> Any:
+        """The program's return value; raises its error, or `TimeoutError` once the gateway
+        closed the episode for idleness (the hung thread is left to end on its own)."""
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except TimeoutError:
+                if eid not in self.gateway.episodes:
+                    idle = self.gateway.episode_idle_s
+                    raise TimeoutError(f"episode {eid} was idle for {idle:g} s: closed") from None
+
     def _collect(self, sample: Sample, g: int, budget: int, eid: str, future, errors) -> Trajectory:
         try:
-            reward = future.result()
+            reward = self._outcome(eid, future)
+            if eid not in self.gateway.episodes:  # it returned, but after the idle limit
+                raise TimeoutError(f"episode {eid} was closed for idleness before it returned")
         except Exception as err:  # the agent's bug fails its rollout, not the step
             errors[sample.id] = f"agent program failed: {type(err).__name__}: {err}"
-            self.gateway.finish(eid)
+            with contextlib.suppress(HTTPError):
+                self.gateway.finish(eid)
             return _failed(sample, g, budget)
         posted = self.gateway.get(eid).reward
         if isinstance(reward, (int, float)) or posted is not None:
@@ -189,7 +217,12 @@ def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
     episodes = EpisodeRenderer(
         renderer, VideoReader(), media, prefix, crop.max_calls_per_turn, agent.tool_dialect
     )
-    gateway = Gateway(episodes, Batcher(engine), max_new_tokens=agent.max_new_tokens)
+    gateway = Gateway(
+        episodes,
+        Batcher(engine),
+        max_new_tokens=agent.max_new_tokens,
+        episode_idle_s=rollout.agent_idle_s,
+    )
     return GatewayRollouts(
         gateway,
         load_program(rollout.agent_program),

@@ -84,3 +84,15 @@ def logging_program(base_url: str, payload: dict[str, Any]) -> float:
     with open(os.environ["PARAVT_TEST_AGENT_LOG"], "a") as log:
         log.write(payload["sample_id"] + "\n")
     return http_program(base_url, payload)
+
+
+def hanging_program(base_url: str, payload: dict[str, Any]) -> float:
+    """An agent program that hangs after its first turn on the sample whose id ends in 1."""
+    import time
+
+    with httpx.Client(timeout=300) as client:
+        body = {"model": "paravt", "messages": payload["messages"]}
+        client.post(f"{base_url}/chat/completions", json=body).raise_for_status()
+    if payload["sample_id"].endswith("1"):
+        time.sleep(2.5)
+    return 1.0

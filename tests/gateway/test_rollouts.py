@@ -16,7 +16,7 @@ from paravt.gateway.media import MediaConfig
 from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
 from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.video.reader import VideoReader
-from tests.gateway.mimic import failing_program, http_program
+from tests.gateway.mimic import failing_program, hanging_program, http_program
 from tests.gateway.test_episode import scripted
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
@@ -55,6 +55,21 @@ def test_a_failing_agent_program_fails_only_its_rollouts(setup, needle_samples):
     assert [t.finish_reason for t in run] == ["stop", "stop", AGENT_ERROR, AGENT_ERROR]
     assert "KeyError" in run.video_errors[samples[1].id]
     assert not gateway.episodes  # every episode closed
+
+
+def test_a_hung_agent_program_is_closed_after_the_idle_limit(setup, needle_samples):
+    """Sample 1's program sleeps 2.5 s after its first turn, past a 1 s idle limit: its
+    episodes are closed and its rollouts fail; sample 0's, which returned at once, are held
+    (not idle) until collected, however long sample 1's took, and so are episodes waiting for
+    a worker (two workers here: sample 0's episodes wait 2.5 s for them)."""
+    gateway, samples = setup[0], needle_samples[:2]
+    idle = Gateway(gateway.renderer, gateway.batcher, episode_idle_s=1.0)
+    with GatewayRollouts(idle, hanging_program, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run(samples[::-1], [4, 4], 2, GREEDY)  # the hung one collected first
+    assert [t.finish_reason for t in run] == [AGENT_ERROR, AGENT_ERROR, "stop", "stop"]
+    assert "idle for 1 s" in run.video_errors[samples[1].id]
+    assert not idle.episodes and idle.expired == 2
+    assert rollouts.rewards == {(samples[0].id, g): 1.0 for g in range(2)}
 
 
 def test_agent_programs_are_named_module_colon_function():
