@@ -3,7 +3,8 @@
 Routes (docs/reuse.md, "Training an agent program through the gateway"):
     POST /v1/episodes                         open an episode: {"id"?, "payload"?} -> {"id"}
     GET  /v1/episodes/{id}                    its task payload, forks and turns so far
-    POST /v1/episodes/{id}/reward             {"reward": float}: the agent's own reward
+    POST /v1/episodes/{id}/reward             {"reward": float}: the agent's own reward (also
+                                              at /episodes/{id}/v1/reward, the base URL's)
     POST /v1/episodes/{id}/finish             close it: its trajectories' tokens, mask, log-probs
     POST /v1/chat/completions                 the episode named by the X-Episode-Id header
     POST /episodes/{id}/v1/chat/completions   the same, for clients that only set a base URL
@@ -235,6 +236,7 @@ def _episode_routes(app: FastAPI, gateway: Gateway) -> None:
         return {"id": ep.id, "payload": ep.payload, "forks": sum(ep.forks.values()), "turns": turns}
 
     @app.post("/v1/episodes/{episode_id}/reward")
+    @app.post("/episodes/{episode_id}/v1/reward")  # f"{base_url}/reward" for an agent program
     async def reward(episode_id: str, request: Request):
         body = await read_json(request, gateway.max_body_bytes)
         if not isinstance(body.get("reward"), (int, float)):

@@ -11,7 +11,8 @@ answer) and its error in `video_errors`, so the other rollouts go on.
 
 An agent program is `program(base_url, payload) -> float | None`: `base_url` is the episode's
 OpenAI base URL (`.../episodes/<id>/v1`), `payload` the task (`paravt.gateway.task`); a number
-it returns is stored as the episode's reward (as `POST /v1/episodes/<id>/reward` does).
+it returns is the episode's reward unless it posted one (`POST /v1/episodes/<id>/reward`), and
+rides on the rollout as `Trajectory.agent_reward` (trained on per `reward.agent_reward`).
 """
 
 from __future__ import annotations
@@ -179,21 +180,34 @@ class GatewayRollouts:
                 self.gateway.finish(eid)
             return _failed(sample, g, budget)
         posted = self.gateway.get(eid).reward
-        if isinstance(reward, (int, float)) or posted is not None:
-            self.rewards[(sample.id, g)] = float(reward if posted is None else posted)
-        episode_forks = sum(self.gateway.get(eid).forks.values())
-        self.forks += episode_forks
+        if posted is None and isinstance(reward, (int, float)):
+            posted = float(reward)
+        if posted is not None:
+            self.rewards[(sample.id, g)] = posted
+        self.forks += sum(self.gateway.get(eid).forks.values())
         trajs = self.gateway.finish(eid, sample_id=sample.id, group_index=g, frame_budget=budget)
         if not trajs:
             errors[sample.id] = f"agent program of episode {eid} made no request"
             return _failed(sample, g, budget)
-        return trajs[-1]  # the rollout as the agent ended it; forked ones are context only
+        # The rollout as the agent ended it (forked trajectories are context only), with the
+        # reward it posted (reward.agent_reward says whether training reads it).
+        return replace(trajs[-1], agent_reward=posted)
 
 
 def _failed(sample: Sample, group_index: int, budget: int) -> Trajectory:
-    """The empty rollout of an agent program that failed: no tokens, scored as no answer."""
+    """The empty rollout of an agent program that failed: no tokens, scored as no answer (and
+    0 as its agent's reward: it posted none that counts)."""
     return Trajectory(
-        sample.id, group_index, (), (), (), (), 0, finish_reason=AGENT_ERROR, frame_budget=budget
+        sample.id,
+        group_index,
+        (),
+        (),
+        (),
+        (),
+        0,
+        finish_reason=AGENT_ERROR,
+        frame_budget=budget,
+        agent_reward=0.0,
     )
 
 

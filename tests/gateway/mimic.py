@@ -96,3 +96,16 @@ def hanging_program(base_url: str, payload: dict[str, Any]) -> float:
     if payload["sample_id"].endswith("1"):
         time.sleep(2.5)
     return 1.0
+
+
+def posting_program(base_url: str, payload: dict[str, Any]) -> float:
+    """`http_program` that posts a reward of 0.25 to its episode (`{base_url}/reward`) and
+    returns 1, which the posted reward overrides."""
+    http_program(base_url, payload)
+    httpx.post(f"{base_url}/reward", json={"reward": 0.25}, timeout=60).raise_for_status()
+    return 1.0
+
+
+def silent_program(base_url: str, payload: dict[str, Any]) -> None:
+    """`http_program` that neither posts nor returns a reward."""
+    http_program(base_url, payload)

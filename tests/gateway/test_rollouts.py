@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import AutoProcessor
 
@@ -14,9 +16,16 @@ from paravt.gateway.batcher import Batcher
 from paravt.gateway.episode import EpisodeRenderer
 from paravt.gateway.media import MediaConfig
 from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
+from paravt.rewards.compose import RewardWeights, trajectory_reward
 from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.video.reader import VideoReader
-from tests.gateway.mimic import failing_program, hanging_program, http_program
+from tests.gateway.mimic import (
+    failing_program,
+    hanging_program,
+    http_program,
+    posting_program,
+    silent_program,
+)
 from tests.gateway.test_episode import scripted
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
@@ -70,6 +79,28 @@ def test_a_hung_agent_program_is_closed_after_the_idle_limit(setup, needle_sampl
     assert "idle for 1 s" in run.video_errors[samples[1].id]
     assert not idle.episodes and idle.expired == 2
     assert rollouts.rewards == {(samples[0].id, g): 1.0 for g in range(2)}
+
+
+def test_a_posted_reward_rides_on_the_rollout_and_is_trained_on_if_asked(setup, needle_samples):
+    """The program posts 0.25 (`{base_url}/reward`) and returns 1: the posted one wins, on the
+    trajectory; reward.agent_reward=agent trains on it; a program that posts nothing is refused
+    under "agent" with the rollout named."""
+    gateway, sample = setup[0], needle_samples[0]
+    agent = RewardWeights(agent_reward="agent")
+    with GatewayRollouts(gateway, posting_program, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run([sample], [4], 2, GREEDY)
+    assert [t.agent_reward for t in run] == [0.25, 0.25]
+    assert [trajectory_reward(t, sample, agent).total for t in run] == [0.25, 0.25]
+    # The default (reward.agent_reward=paravt) trains on paravt's R, whatever was posted.
+    assert (
+        trajectory_reward(run[0], sample).total
+        == trajectory_reward(replace(run[0], agent_reward=None), sample).total
+    )
+    with GatewayRollouts(gateway, silent_program, VideoReader(), workers=2) as rollouts:
+        (silent,) = rollouts.run([sample], [4], 1, GREEDY)
+    assert silent.agent_reward is None
+    with pytest.raises(ValueError, match=f"rollout {sample.id}#0 posted no reward"):
+        trajectory_reward(silent, sample, agent)
 
 
 def test_agent_programs_are_named_module_colon_function():
