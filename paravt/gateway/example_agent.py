@@ -17,10 +17,12 @@ from PIL import Image
 
 
 def crop(video: str, start: float, end: float, max_frames: int = 8) -> dict:
-    """The tool: up to `max_frames` frames of [start, end] at 1 fps, as a video part of images."""
+    """The tool: up to `max_frames` frames spread over [start, end] (at most 1 fps), as a video
+    part of images with their times."""
     reader = decord.VideoReader(video)
     fps, n = float(reader.get_avg_fps()), len(reader)
-    times = np.arange(max(start, 0.0), min(end, n / fps), 1.0)[:max_frames]
+    step = max(1.0, (end - start) / max_frames)
+    times = np.arange(max(start, 0.0), min(end, n / fps), step)[:max_frames]
     if len(times) < 2:
         raise ValueError(f"window {start}-{end}s holds fewer than 2 frames")
     indices = [min(int(t * fps), n - 1) for t in times]
@@ -37,10 +39,12 @@ def tool_message(call, video: str) -> dict:
     """The tool's answer to one `tool_calls` entry (an `Error: ...` text on bad arguments)."""
     try:
         args = json.loads(call.function.arguments)
-        part = crop(video, float(args["start_time"]), float(args["end_time"]))
+        start, end = float(args["start_time"]), float(args["end_time"])
+        part = crop(video, start, end)
     except (KeyError, ValueError, TypeError) as err:
         return {"role": "tool", "tool_call_id": call.id, "content": f"Error: {err}"}
-    text = {"type": "text", "text": f"frames of {args['start_time']}s-{args['end_time']}s:\n"}
+    times = ", ".join(f"{t:.1f}s" for t in part["video_url"]["timestamps"])
+    text = {"type": "text", "text": f"crop_video {start:.1f}s-{end:.1f}s, frames at {times}:\n"}
     return {"role": "tool", "tool_call_id": call.id, "content": [text, part]}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import time
 import uuid
@@ -61,8 +62,12 @@ class GatewayRollouts:
         system: str | None = None,
         max_new_tokens: int = 2048,
         overview_max_pixels: int = 50176,
+        loop=None,
     ):
         self.gateway = gateway
+        # paravt's own `AgentLoop` on the same engine and settings, or None: what traces a cold
+        # start's teacher (paravt.run.coldstart), whose scripted turns need paravt's loop
+        self.loop = loop
         self.program = program
         self.source = source
         self.workers = workers
@@ -83,6 +88,8 @@ class GatewayRollouts:
     @engine.setter
     def engine(self, engine) -> None:
         self.gateway.batcher.engine = engine
+        if self.loop is not None:
+            self.loop.engine = engine
 
     def __enter__(self) -> GatewayRollouts:
         self.start()
@@ -215,6 +222,7 @@ def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
     """The rollouts of `rollout.agent_program` (a `RolloutConfig`) on `engine`: paravt's agent
     settings (`rollout.agent`: think prefix, system prompt, token cap, overview size) shape the
     payload and the rendering, so the same policy serves paravt's loop and the program."""
+    from paravt.agent.loop import AgentLoop
     from paravt.agent.prompts import FORCED_THINK
     from paravt.agent.render import ChatRenderer
     from paravt.agent.tools import CropConfig
@@ -224,6 +232,9 @@ def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
     from paravt.video.reader import VideoReader
 
     agent, crop = rollout.agent, rollout.crop or CropConfig()
+    # httpx (the `openai` client's transport) logs each request at INFO: every turn of every
+    # rollout in the run's log; warnings and errors still show.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     renderer = ChatRenderer(processor)
     # The root is narrowed to each step's video folder before its episodes open.
     media = MediaConfig(os.sep, agent.overview_max_pixels, renderer.frame_factor)
@@ -245,4 +256,5 @@ def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
         agent.system,
         agent.max_new_tokens,
         agent.overview_max_pixels,
+        AgentLoop(engine, renderer, episodes.source, agent, crop, tools=rollout.toolbox),
     )
