@@ -156,8 +156,10 @@ class Gateway:
             message = self.renderer.commit(pending, out, version)
             ep.touched = time.monotonic()  # idle from the reply on, not from the request
         self.requests += 1
+        # A turn cut by the token cap is "length" even when calls parse from it (OpenAI's rule):
+        # it has no end-of-turn token, and paravt's loop ends such a trajectory.
         calls = "tool_calls" in message
-        reason = "tool_calls" if calls else ("stop" if out.finish_reason == "stop" else "length")
+        reason = "length" if out.finish_reason != "stop" else ("tool_calls" if calls else "stop")
         prompt_tokens = len(pending.request().token_ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
