@@ -142,10 +142,21 @@ def test_an_agent_program_needs_sync_rollouts():
         RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
 
 
-def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, needle_samples):
-    from paravt.gateway import example_agent
+def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(
+    setup, needle_samples, tiny_qwen3_dir
+):
+    """...and its rollouts pass paravt's rollout/trainer consistency check: each clip belongs to
+    the turn whose calls its tool message answered (a check that finds a clip no turn accounts
+    for drops the rollout from the loss)."""
+    from transformers import AutoModelForImageTextToText
 
-    gateway = setup[0]
+    from paravt.data.packing import model_rope_index
+    from paravt.gateway import example_agent
+    from paravt.rollout.consistency import VisionSpec, check_trajectory
+
+    gateway, processor = setup[0], AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    rope = model_rope_index(AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir))
+    spec, decode = VisionSpec.from_processor(processor), processor.tokenizer.decode
     with GatewayRollouts(gateway, example_agent.run, VideoReader(), workers=2) as rollouts:
         run = rollouts.run(needle_samples[:1], [4], 2, GREEDY)
     for traj in run:
@@ -155,6 +166,8 @@ def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, ne
         assert traj.visuals[1].frames.timestamps == (2.0, 3.0, 4.0, 5.0)
         assert traj.visuals[2].frames.timestamps == (10.0, 11.0, 12.0, 13.0)
         assert traj.turns[-1].text.endswith("<answer>A</answer>")
+        assert [len(t.results) for t in traj.turns] == [2, 0]
+        assert check_trajectory(traj, spec, rope, decode) == []
 
 
 class _SeedLog:
