@@ -232,9 +232,10 @@ def build_rollouts(rollout, engine, processor) -> GatewayRollouts:
     from paravt.video.reader import VideoReader
 
     agent, crop = rollout.agent, rollout.crop or CropConfig()
-    # httpx (the `openai` client's transport) logs each request at INFO: every turn of every
-    # rollout in the run's log; warnings and errors still show.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # httpx (httpx2 under openai 3) logs each request at INFO: every turn of every rollout in
+    # the run's log; warnings and errors still show.
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     renderer = ChatRenderer(processor)
     # The root is narrowed to each step's video folder before its episodes open.
     media = MediaConfig(os.sep, agent.overview_max_pixels, renderer.frame_factor)
