@@ -140,6 +140,8 @@ def test_an_agent_program_needs_sync_rollouts():
 
     with pytest.raises(ValueError, match=r"rollout\.mode=sync"):
         RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
+    with pytest.raises(ValueError, match=r"rollout\.agent_idle_s must be > 0"):
+        RolloutConfig(agent_idle_s=0)
 
 
 def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(
