@@ -56,6 +56,7 @@ def run(base_url: str, payload: dict, max_rounds: int = 2) -> None:
             reply = client.chat.completions.create(model="paravt", messages=messages)
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls or round_index == max_rounds:
+            cut = reply.choices[0].finish_reason == "length"  # no end of turn to go on from
+            if cut or not message.tool_calls or round_index == max_rounds:
                 return
             messages += [tool_message(c, payload["video"]) for c in message.tool_calls]

@@ -206,3 +206,22 @@ def test_agent_program_requests_take_the_agent_loops_seeds(setup, needle_samples
     assert first in ours_log.seeds
     with pytest.raises(ValueError, match="2 positions for 1 samples"):
         rollouts.run(samples[:1], [4], 2, params, positions=positions)
+
+
+def test_the_example_agent_ends_its_episode_at_a_turn_cut_by_the_token_cap(setup, needle_samples):
+    """A turn cut by the cap just after its first whole call finishes as "length" (not
+    "tool_calls"): the agent stops there, as paravt's loop does, instead of going on from a
+    turn without its end (a fork, "unfinished")."""
+    from paravt.agent.scripts import call_text
+    from paravt.gateway import example_agent
+
+    gateway = setup[0]
+    tok = gateway.renderer.renderer.tokenizer
+    first = "look</think>\n" + call_text(2.0, 6.0)  # the scripted turn's text up to its 1st call
+    cap = len(tok(first, add_special_tokens=False)["input_ids"]) + 1
+    rollouts = GatewayRollouts(gateway, example_agent.run, VideoReader(), max_new_tokens=cap)
+    with rollouts:
+        (traj,) = rollouts.run(needle_samples[:1], [4], 1, GREEDY)
+    assert traj.num_valid_calls == 1  # the cut turn holds a whole call
+    assert rollouts.forks == 0 and traj.finish_reason == "length" and len(traj.turns) == 1
+    assert sum(traj.loss_mask) == cap
