@@ -163,6 +163,8 @@ class Trajectory:
     frame_budget: int = 0
     sub_trajectories: tuple[Trajectory, ...] = ()
     versions: tuple[int, ...] = ()  # last: added after the others, positional callers keep working
+    # the reward an agent program posted for its episode (paravt.gateway); None: it posted none
+    agent_reward: float | None = None
 
     @property
     def response_text(self) -> str:

@@ -3,20 +3,25 @@
 Routes (docs/reuse.md, "Training an agent program through the gateway"):
     POST /v1/episodes                         open an episode: {"id"?, "payload"?} -> {"id"}
     GET  /v1/episodes/{id}                    its task payload, forks and turns so far
-    POST /v1/episodes/{id}/reward             {"reward": float}: the agent's own reward
+    POST /v1/episodes/{id}/reward             {"reward": float}: the agent's own reward (also
+                                              at /episodes/{id}/v1/reward, the base URL's)
     POST /v1/episodes/{id}/finish             close it: its trajectories' tokens, mask, log-probs
     POST /v1/chat/completions                 the episode named by the X-Episode-Id header
     POST /episodes/{id}/v1/chat/completions   the same, for clients that only set a base URL
     GET  /v1/metrics                          gateway/forks, gateway/episodes, gateway/requests
 `stream: true` answers with server-sent events (chunks, then `data: [DONE]`); the engine samples
 a whole turn, so the stream frames one finished turn. Requests of one episode run one at a time;
-different episodes' requests share engine calls (`Batcher`).
+different episodes' requests share engine calls (`Batcher`). An episode no request touched for
+`episode_idle_s` seconds (none in flight) is closed and freed (`gateway/expired_episodes`): an
+agent that crashed or hung holds nothing for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -52,16 +57,22 @@ class Gateway:
         max_new_tokens: int = 2048,
         max_body_bytes: int = 32 << 20,
         max_episodes: int = 10000,
+        episode_idle_s: float | None = None,
     ):
+        if episode_idle_s is not None and not episode_idle_s > 0:
+            raise ValueError(f"episode_idle_s must be > 0 seconds or None, got {episode_idle_s}")
         self.renderer = episodes
         self.batcher = batcher
         self.max_new_tokens = max_new_tokens
         self.max_body_bytes = max_body_bytes
         self.max_episodes = max_episodes  # open at once: an agent that never finishes is capped
+        self.episode_idle_s = episode_idle_s  # None: episodes wait for their finish for ever
         self.episodes: dict[str, Episode] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.forks: Counter = Counter()  # of finished episodes
         self.requests = 0
+        self.expired = 0  # episodes closed for idleness
+        self._open_lock = threading.Lock()  # training finishes episodes from its own threads
 
     def open(
         self,
@@ -79,27 +90,55 @@ class Gateway:
             raise HTTPError(409, f"episode {eid!r} is already open")
         if len(self.episodes) >= self.max_episodes:
             raise HTTPError(429, f"{self.max_episodes} episodes are open: finish some first")
-        self.episodes[eid] = Episode(eid, dict(payload or {}), params=params, seed=seed)
-        self.locks[eid] = asyncio.Lock()
+        with self._open_lock:
+            self.episodes[eid] = Episode(eid, dict(payload or {}), params=params, seed=seed)
+            self.locks[eid] = asyncio.Lock()
         return eid
 
     def get(self, episode_id: str) -> Episode:
-        if episode_id not in self.episodes:
-            raise HTTPError(404, f"episode {episode_id!r} is not open on this gateway")
-        return self.episodes[episode_id]
+        """The open episode (and a touch: it is not idle)."""
+        ep = self.episodes.get(episode_id)
+        if ep is None:
+            idle = f" or idle for {self.episode_idle_s:g} s" if self.episode_idle_s else ""
+            why = f"never opened, finished{idle}"
+            raise HTTPError(404, f"episode {episode_id!r} is not open ({why})")
+        ep.touched = time.monotonic()
+        return ep
 
     def finish(self, episode_id: str, **trajectory_fields) -> tuple[Trajectory, ...]:
         """Close the episode; its trajectories (`trajectories`' keyword fields pass through)."""
-        ep = self.get(episode_id)
-        del self.episodes[episode_id], self.locks[episode_id]
+        with self._open_lock:
+            ep = self.get(episode_id)
+            del self.episodes[episode_id], self.locks[episode_id]
         self.forks.update(ep.forks)
         return trajectories(ep, **trajectory_fields)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Close the episodes idle past `episode_idle_s` (no request in flight, not `held`);
+        their ids. Their tokens are dropped: nobody is left to finish them."""
+        if self.episode_idle_s is None:
+            return []
+        now = time.monotonic() if now is None else now
+        with self._open_lock:
+            gone = [
+                eid
+                for eid, ep in self.episodes.items()
+                if not ep.held
+                and now - ep.touched > self.episode_idle_s
+                and not self.locks[eid].locked()
+            ]
+            for eid in gone:
+                self.forks.update(self.episodes.pop(eid).forks)
+                del self.locks[eid]
+        self.expired += len(gone)
+        return gone
 
     def metrics(self) -> dict[str, float]:
         forks = self.forks + sum((ep.forks for ep in self.episodes.values()), Counter())
         out = {f"gateway/forks_{k}": float(v) for k, v in sorted(forks.items())}
         out["gateway/forks"] = float(sum(forks.values()))
         out["gateway/episodes"] = float(len(self.episodes))
+        out["gateway/expired_episodes"] = float(self.expired)
         out["gateway/requests"] = float(self.requests)
         out["gateway/engine_calls"] = float(self.batcher.batches)
         return out
@@ -115,9 +154,12 @@ class Gateway:
                 raise HTTPError(400, str(err)) from err
             out, version = await self.batcher.generate(pending.request(), params)
             message = self.renderer.commit(pending, out, version)
+            ep.touched = time.monotonic()  # idle from the reply on, not from the request
         self.requests += 1
+        # A turn cut by the token cap is "length" even when calls parse from it (OpenAI's rule):
+        # it has no end-of-turn token, and paravt's loop ends such a trajectory.
         calls = "tool_calls" in message
-        reason = "tool_calls" if calls else ("stop" if out.finish_reason == "stop" else "length")
+        reason = "length" if out.finish_reason != "stop" else ("tool_calls" if calls else "stop")
         prompt_tokens = len(pending.request().token_ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
@@ -151,7 +193,7 @@ class Gateway:
 
 def build_app(gateway: Gateway) -> FastAPI:
     """The ASGI app of `gateway` (serve it with uvicorn)."""
-    app = FastAPI(title="paravt gateway")
+    app = FastAPI(title="paravt gateway", lifespan=_reaper(gateway))
     app.state.gateway = gateway
 
     @app.exception_handler(HTTPError)
@@ -162,6 +204,25 @@ def build_app(gateway: Gateway) -> FastAPI:
     _episode_routes(app, gateway)
     _chat_routes(app, gateway)
     return app
+
+
+def _reaper(gateway: Gateway):
+    """The app's lifespan: while it serves, idle episodes are closed every quarter of the idle
+    limit (at most every 5 s)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        async def sweep():
+            while True:
+                await asyncio.sleep(min(gateway.episode_idle_s / 4, 5.0))
+                gateway.expire()
+
+        task = asyncio.create_task(sweep()) if gateway.episode_idle_s else None
+        yield
+        if task is not None:
+            task.cancel()
+
+    return lifespan
 
 
 def _episode_routes(app: FastAPI, gateway: Gateway) -> None:
@@ -177,6 +238,7 @@ def _episode_routes(app: FastAPI, gateway: Gateway) -> None:
         return {"id": ep.id, "payload": ep.payload, "forks": sum(ep.forks.values()), "turns": turns}
 
     @app.post("/v1/episodes/{episode_id}/reward")
+    @app.post("/episodes/{episode_id}/v1/reward")  # f"{base_url}/reward" for an agent program
     async def reward(episode_id: str, request: Request):
         body = await read_json(request, gateway.max_body_bytes)
         if not isinstance(body.get("reward"), (int, float)):

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from paravt.agent.loop import sampled_by
@@ -33,7 +34,7 @@ from paravt.rollout.engine import (
     SamplingParams,
     derive_seed,
 )
-from paravt.types import Frames, ParsedCall, Trajectory, Turn, Visual
+from paravt.types import Frames, ParsedCall, ToolResult, Trajectory, Turn, Visual
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Episode:
     # set (training): the trajectory's seed stream, as `AgentLoop` gives each trajectory; the
     # request of turn t samples with derive_seed(seed, t, 0), as the agent loop's turn t does
     seed: int | None = None
+    touched: float = field(default_factory=time.monotonic)  # the last request's time
+    held: bool = False  # set (training): its agent returned, it waits for paravt's finish
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,9 @@ class EpisodeRenderer:
             if pending.fork:
                 ep.forks[pending.fork] += 1
             ep.branches.append(br)
+        elif br.turns and seg.visuals:  # the clips the agent's tools answered the turn with
+            results = tuple(_clip_result(i, v.frames) for i, v in enumerate(seg.visuals))
+            br.turns[-1] = replace(br.turns[-1], results=results)
         br.ids += seg.token_ids
         br.mask += [0] * len(seg.token_ids)
         br.logp += [0.0] * len(seg.token_ids)
@@ -220,6 +226,13 @@ class EpisodeRenderer:
             body = tok.decode(list(out.token_ids), skip_special_tokens=False)
         end = self.renderer.end_of_turn
         return body[: -len(end)] if body.endswith(end) else body
+
+
+def _clip_result(index: int, frames: Frames) -> ToolResult:
+    """A clip of a turn's tool messages as the `ToolResult` paravt's consistency check reads
+    (`paravt.rollout.consistency`: which turn brought which clip into the context)."""
+    window = (frames.timestamps[0], frames.timestamps[-1])
+    return ToolResult(index, "agent_tool", frames=frames, window=window)
 
 
 def assistant_message(text: str, calls: tuple[ParsedCall, ...], turn: int) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`paravt serve-gateway`: the OpenAI-compatible gateway over a checkpoint, under uvicorn.
 
-    paravt serve-gateway --model DIR --media-root DIR [--port 8000 --engine hf --force-think]
+    paravt serve-gateway --model DIR --media-root DIR [--port 8000 --engine hf --force-think
+                         --episode-idle-s 600]
 
 Agents open an episode (`POST /v1/episodes`), then talk to `/episodes/<id>/v1` as an OpenAI
 base URL (or send the `X-Episode-Id` header); see paravt/gateway/app.py for the routes.
@@ -37,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--max-batch", type=int, default=64, help="requests per engine call")
     p.add_argument("--max-body-mb", type=float, default=32.0)
+    p.add_argument(
+        "--episode-idle-s",
+        type=float,
+        default=600.0,
+        help="close an episode no request touched for this long (0: never)",
+    )
     return p
 
 
@@ -53,6 +60,7 @@ def build_gateway(model, processor, engine, args: argparse.Namespace) -> Gateway
         Batcher(engine, max_batch=args.max_batch),
         max_new_tokens=args.max_new_tokens,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        episode_idle_s=args.episode_idle_s or None,
     )
 
 

@@ -73,6 +73,9 @@ class RolloutConfig:
     # (paravt.gateway.rollouts) on `agent_workers` threads, instead of paravt's agent loop.
     agent_program: str | None = None
     agent_workers: int = 16
+    # seconds an agent program's episode may go without a request before it is closed and its
+    # rollout failed (a hung program); None: wait for ever
+    agent_idle_s: float | None = 600.0
 
     def __post_init__(self) -> None:
         check_consistency_mode(self.consistency)
@@ -85,6 +88,10 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.agent_program runs in rollout.mode=sync with agent_workers >= 1, got "
                 f"mode={self.mode!r}, agent_workers={self.agent_workers}"
+            )
+        if self.agent_idle_s is not None and not self.agent_idle_s > 0:
+            raise ValueError(
+                f"rollout.agent_idle_s must be > 0 seconds or null, got {self.agent_idle_s!r}"
             )
         if self.partial and self.mode != "async":
             raise ValueError(

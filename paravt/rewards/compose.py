@@ -3,7 +3,9 @@
     R = R_acc + fmt * R_fmt + tool * R_tool
 
 (docs/method.md section 3; R_fmt already holds its anchor bonus, see `format.py`). A degenerate
-completion (`is_degenerate`) scores exactly 0. Every weight is a field of the frozen
+completion (`is_degenerate`) scores exactly 0. A rollout an agent program played through the
+gateway may carry the reward the program posted; `agent_reward` says what is trained on: R
+(paravt), the posted reward (agent) or their sum. Every weight is a field of the frozen
 `RewardWeights`, plain numbers only, so Hydra can build it straight from YAML. This module knows
 nothing of Hydra or tokens; `trajectory_reward` reads a rollout's text and tool counters.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from paravt.rewards.accuracy import Judge, accuracy_reward, extract_answer
 from paravt.rewards.format import FORMULAS, FormatTerms, format_reward, is_degenerate
@@ -20,6 +22,12 @@ from paravt.rewards.tool import tool_reward
 from paravt.types import ParsedCall, RewardBreakdown, Sample, ToolResult, Trajectory
 
 CREDIT_WEIGHTS = ("think", "answer", "order", "balance")  # the credit formulas' weights
+# reward.agent_reward: the trained total from paravt's R and the agent program's posted reward
+AGENT_REWARDS = {
+    "paravt": lambda paravt, posted: paravt,
+    "agent": lambda paravt, posted: posted,
+    "sum": lambda paravt, posted: paravt + posted,
+}
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,16 @@ class RewardWeights:
     # The tools whose calls earn R_tool (call and response credits, correctness bonus); None:
     # every tool of the toolbox (the default [crop_video]: the paper's rule on crop_video).
     rewarded_tools: tuple[str, ...] | None = None
+    # Rollouts of an agent program (rollout.agent_program): train on paravt's R ("paravt"), on
+    # the reward the program posted ("agent") or on their sum ("sum").
+    agent_reward: str = "paravt"
 
     def __post_init__(self) -> None:
+        if self.agent_reward not in AGENT_REWARDS:
+            raise ValueError(
+                f"RewardWeights.agent_reward must be one of {', '.join(AGENT_REWARDS)}, "
+                f"got {self.agent_reward!r}"
+            )
         if self.rewarded_tools is not None:
             names = tuple(self.rewarded_tools)  # Hydra gives a ListConfig
             if not all(isinstance(n, str) and n for n in names):
@@ -62,7 +78,7 @@ class RewardWeights:
                 f"got {self.format_formula!r}"
             )
         for f in fields(self):
-            if f.name in ("format_formula", "rewarded_tools"):
+            if f.name in ("format_formula", "rewarded_tools", "agent_reward"):
                 continue
             if f.name == "answer_suffix":
                 if not isinstance(self.answer_suffix, bool):
@@ -228,7 +244,7 @@ def trajectory_reward(
         named = set(weights.rewarded_tools)
         calls = sum(c.ok and c.call.name in named for t in traj.turns for c in t.calls)
         responses = sum(r.ok and r.name in named for t in traj.turns for r in t.results)
-    return compute_reward(
+    reward = compute_reward(
         traj.response_text,
         sample.answer,
         sample.question_type,
@@ -238,3 +254,20 @@ def trajectory_reward(
         weights=weights,
         **kwargs,
     )
+    return with_agent_reward(reward, traj, weights.agent_reward)
+
+
+def with_agent_reward(reward: RewardBreakdown, traj: Trajectory, mode: str) -> RewardBreakdown:
+    """`reward` with its total as `mode` (`AGENT_REWARDS`) makes it of paravt's R and the
+    reward the rollout's agent program posted (kept as the `agent` component)."""
+    if mode == "paravt":
+        return reward
+    if traj.agent_reward is None:
+        raise ValueError(
+            f"reward.agent_reward={mode}, but the agent program of rollout "
+            f"{traj.sample_id}#{traj.group_index} posted no reward: return a number from the "
+            "program or POST /v1/episodes/<id>/reward, or set reward.agent_reward=paravt"
+        )
+    total = AGENT_REWARDS[mode](reward.total, float(traj.agent_reward))
+    parts = {**reward.components, "agent": float(traj.agent_reward), "total": total}
+    return replace(reward, total=total, components=parts)

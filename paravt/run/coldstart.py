@@ -295,18 +295,21 @@ def cold_start(
             "cold_start.prior_replay=0"
         )
     t0 = time.perf_counter()
-    trajs = teacher_trajectories(agent, samples, cfg)
+    # An agent program's rollouts (paravt.gateway.rollouts) are taught by paravt's own loop on
+    # their engine; the held-out figures below are still the program's.
+    teacher = getattr(agent, "loop", None) or agent
+    trajs = teacher_trajectories(teacher, samples, cfg)
     calls = sum(t.num_valid_calls for t in trajs) / max(len(trajs), 1)
     log.info("cold start: %d teacher trajectories, %.2f crops each", len(trajs), calls)
     notes = (teacher_summary(samples, cfg, trajs),)
     reading = replace(cfg, teacher_mix={})  # held-out: how well the crops are read
     # Two more passes: the held-out answer-token report, and the oracle-crop steps' data.
     held = list(held_out)[: cfg.eval_limit]
-    eval_trajs = teacher_trajectories(agent, held, reading, "held-out report")
+    eval_trajs = teacher_trajectories(teacher, held, reading, "held-out report")
     first = []
     if cfg.oracle_steps:
         oracle = replace(reading, strategy="oracle")
-        first = teacher_trajectories(agent, samples, oracle, f"first {cfg.oracle_steps} steps")
+        first = teacher_trajectories(teacher, samples, oracle, f"first {cfg.oracle_steps} steps")
     sft = sft_stage(module.policy, module.processor, cfg)
     with sft_trainable(module.policy, cfg.train_vision, cfg.full_weights):
         report = fit(sft, trajs, cfg, eval_trajs, first, replay)

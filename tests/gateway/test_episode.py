@@ -53,7 +53,8 @@ def sender(gw: EpisodeRenderer, engine, episode: Episode, params=GREEDY, seen=No
         if seen is not None:
             seen.append(request.token_ids)
         out = engine.generate([request], params)[0][0]
-        return gw.commit(pending, out, engine.weight_version)
+        reason = "stop" if out.finish_reason == "stop" else "length"
+        return {**gw.commit(pending, out, engine.weight_version), "finish_reason": reason}
 
     return send
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import AutoProcessor
 
@@ -14,9 +16,16 @@ from paravt.gateway.batcher import Batcher
 from paravt.gateway.episode import EpisodeRenderer
 from paravt.gateway.media import MediaConfig
 from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
+from paravt.rewards.compose import RewardWeights, trajectory_reward
 from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.video.reader import VideoReader
-from tests.gateway.mimic import failing_program, http_program
+from tests.gateway.mimic import (
+    failing_program,
+    hanging_program,
+    http_program,
+    posting_program,
+    silent_program,
+)
 from tests.gateway.test_episode import scripted
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=200)
@@ -57,6 +66,43 @@ def test_a_failing_agent_program_fails_only_its_rollouts(setup, needle_samples):
     assert not gateway.episodes  # every episode closed
 
 
+def test_a_hung_agent_program_is_closed_after_the_idle_limit(setup, needle_samples):
+    """Sample 1's program sleeps 2.5 s after its first turn, past a 1 s idle limit: its
+    episodes are closed and its rollouts fail; sample 0's, which returned at once, are held
+    (not idle) until collected, however long sample 1's took, and so are episodes waiting for
+    a worker (two workers here: sample 0's episodes wait 2.5 s for them)."""
+    gateway, samples = setup[0], needle_samples[:2]
+    idle = Gateway(gateway.renderer, gateway.batcher, episode_idle_s=1.0)
+    with GatewayRollouts(idle, hanging_program, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run(samples[::-1], [4, 4], 2, GREEDY)  # the hung one collected first
+    assert [t.finish_reason for t in run] == [AGENT_ERROR, AGENT_ERROR, "stop", "stop"]
+    assert "idle for 1 s" in run.video_errors[samples[1].id]
+    assert not idle.episodes and idle.expired == 2
+    assert rollouts.rewards == {(samples[0].id, g): 1.0 for g in range(2)}
+
+
+def test_a_posted_reward_rides_on_the_rollout_and_is_trained_on_if_asked(setup, needle_samples):
+    """The program posts 0.25 (`{base_url}/reward`) and returns 1: the posted one wins, on the
+    trajectory; reward.agent_reward=agent trains on it; a program that posts nothing is refused
+    under "agent" with the rollout named."""
+    gateway, sample = setup[0], needle_samples[0]
+    agent = RewardWeights(agent_reward="agent")
+    with GatewayRollouts(gateway, posting_program, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run([sample], [4], 2, GREEDY)
+    assert [t.agent_reward for t in run] == [0.25, 0.25]
+    assert [trajectory_reward(t, sample, agent).total for t in run] == [0.25, 0.25]
+    # The default (reward.agent_reward=paravt) trains on paravt's R, whatever was posted.
+    assert (
+        trajectory_reward(run[0], sample).total
+        == trajectory_reward(replace(run[0], agent_reward=None), sample).total
+    )
+    with GatewayRollouts(gateway, silent_program, VideoReader(), workers=2) as rollouts:
+        (silent,) = rollouts.run([sample], [4], 1, GREEDY)
+    assert silent.agent_reward is None
+    with pytest.raises(ValueError, match=f"rollout {sample.id}#0 posted no reward"):
+        trajectory_reward(silent, sample, agent)
+
+
 def test_agent_programs_are_named_module_colon_function():
     assert load_program("tests.gateway.mimic:http_program") is http_program
     with pytest.raises(ValueError, match=r"package\.module:function"):
@@ -94,12 +140,25 @@ def test_an_agent_program_needs_sync_rollouts():
 
     with pytest.raises(ValueError, match=r"rollout\.mode=sync"):
         RolloutConfig(agent_program="tests.gateway.mimic:http_program", mode="async")
+    with pytest.raises(ValueError, match=r"rollout\.agent_idle_s must be > 0"):
+        RolloutConfig(agent_idle_s=0)
 
 
-def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, needle_samples):
+def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(
+    setup, needle_samples, tiny_qwen3_dir
+):
+    """...and its rollouts pass paravt's rollout/trainer consistency check: each clip belongs to
+    the turn whose calls its tool message answered (a check that finds a clip no turn accounts
+    for drops the rollout from the loss)."""
+    from transformers import AutoModelForImageTextToText
+
+    from paravt.data.packing import model_rope_index
     from paravt.gateway import example_agent
+    from paravt.rollout.consistency import VisionSpec, check_trajectory
 
-    gateway = setup[0]
+    gateway, processor = setup[0], AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    rope = model_rope_index(AutoModelForImageTextToText.from_pretrained(tiny_qwen3_dir))
+    spec, decode = VisionSpec.from_processor(processor), processor.tokenizer.decode
     with GatewayRollouts(gateway, example_agent.run, VideoReader(), workers=2) as rollouts:
         run = rollouts.run(needle_samples[:1], [4], 2, GREEDY)
     for traj in run:
@@ -109,6 +168,8 @@ def test_the_example_agent_shows_its_own_tools_frames_with_their_clock(setup, ne
         assert traj.visuals[1].frames.timestamps == (2.0, 3.0, 4.0, 5.0)
         assert traj.visuals[2].frames.timestamps == (10.0, 11.0, 12.0, 13.0)
         assert traj.turns[-1].text.endswith("<answer>A</answer>")
+        assert [len(t.results) for t in traj.turns] == [2, 0]
+        assert check_trajectory(traj, spec, rope, decode) == []
 
 
 class _SeedLog:
@@ -145,3 +206,22 @@ def test_agent_program_requests_take_the_agent_loops_seeds(setup, needle_samples
     assert first in ours_log.seeds
     with pytest.raises(ValueError, match="2 positions for 1 samples"):
         rollouts.run(samples[:1], [4], 2, params, positions=positions)
+
+
+def test_the_example_agent_ends_its_episode_at_a_turn_cut_by_the_token_cap(setup, needle_samples):
+    """A turn cut by the cap just after its first whole call finishes as "length" (not
+    "tool_calls"): the agent stops there, as paravt's loop does, instead of going on from a
+    turn without its end (a fork, "unfinished")."""
+    from paravt.agent.scripts import call_text
+    from paravt.gateway import example_agent
+
+    gateway = setup[0]
+    tok = gateway.renderer.renderer.tokenizer
+    first = "look</think>\n" + call_text(2.0, 6.0)  # the scripted turn's text up to its 1st call
+    cap = len(tok(first, add_special_tokens=False)["input_ids"]) + 1
+    rollouts = GatewayRollouts(gateway, example_agent.run, VideoReader(), max_new_tokens=cap)
+    with rollouts:
+        (traj,) = rollouts.run(needle_samples[:1], [4], 1, GREEDY)
+    assert traj.num_valid_calls == 1  # the cut turn holds a whole call
+    assert rollouts.forks == 0 and traj.finish_reason == "length" and len(traj.turns) == 1
+    assert sum(traj.loss_mask) == cap

@@ -1,5 +1,6 @@
-"""The gateway on a real loopback server (uvicorn): plain and streamed completions, 50 episodes
-at once sharing engine calls, hostile requests, and `paravt serve-gateway` on the tiny model."""
+"""The gateway on a real loopback server (uvicorn): plain and streamed completions (plain HTTP
+and the real `openai` client), 50 episodes at once sharing engine calls, 500 kept apart, idle
+episodes closed, hostile requests, and `paravt serve-gateway` on the tiny model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -130,6 +132,98 @@ def test_fifty_concurrent_episodes_share_engine_calls(url, gateway, needle_sampl
     assert gateway.batcher.batches - calls_before < 100
 
 
+def test_the_openai_client_reads_plain_and_streamed_replies(url, gateway, needle_samples):
+    """The real `openai` client on the loopback server: a stream is its `Stream` of
+    `ChatCompletionChunk`s with the calls as `tool_calls` deltas, the SDK's own accumulator
+    (`.stream()`) rebuilds them, and the assembled turn continues the episode without a fork."""
+    from openai import OpenAI, Stream
+    from openai.types.chat import ChatCompletionChunk
+
+    sample = needle_samples[0]
+    payload = task_payload(sample, 4, VideoReader())
+    messages = list(payload["messages"])
+    eid = gateway.open(payload=payload)
+    with OpenAI(base_url=f"{url}/episodes/{eid}/v1", api_key="-", max_retries=0) as client:
+        chunks = client.chat.completions.create(model="m", messages=messages, stream=True)
+        assert isinstance(chunks, Stream)
+        chunks = list(chunks)
+        assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+        calls = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+        # The scripted turn crops [2, 6] s and [10, 14] s: two calls, indices 0 and 1.
+        assert [(d.index, d.id, d.function.name) for d in calls] == [
+            (0, "call_0_0", "crop_video"),
+            (1, "call_0_1", "crop_video"),
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        with client.chat.completions.stream(model="m", messages=messages) as stream:
+            final = stream.get_final_completion().choices[0].message
+        assert [c.id for c in final.tool_calls] == ["call_0_0", "call_0_1"]
+        assert json.loads(final.tool_calls[1].function.arguments)["start_time"] == 10.0
+        turn = final.model_dump(exclude_none=True)
+        tools = tool_messages(turn, sample.video, VideoReader(), CropConfig())
+        plain = client.chat.completions.create(model="m", messages=[*messages, turn, *tools])
+        assert plain.choices[0].message.content.endswith("<answer>A</answer>")
+        assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
+    ep = gateway.get(eid)
+    # The stream, then the helper's retry of turn 1 (a fork), then its clean continuation.
+    assert ep.forks == {"retried": 1} and len(ep.branches[-1].turns) == 2
+    gateway.finish(eid)
+
+
+async def post_json(url: str, path: str, body: dict) -> tuple[int, dict]:
+    """One POST on a connection of its own, HTTP/1.1 by hand: httpx's async pool spends about
+    15 s here on 500 connections at once, the server itself about 4."""
+    host, port = urlparse(url).hostname, urlparse(url).port
+    reader, writer = await asyncio.open_connection(host, port)
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    writer.write(f"{head}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+    raw = await reader.read()
+    writer.close()
+    status, _, payload = raw.partition(b"\r\n\r\n")
+    return int(status.split()[1]), json.loads(payload)
+
+
+def test_five_hundred_concurrent_episodes_stay_apart(url, gateway):
+    """500 episodes open at once, each asking at the same time: every one is served, and every
+    prompt holds its own episode's text only."""
+    tok = gateway.renderer.renderer.tokenizer
+
+    async def episode(i: int) -> str:
+        status, opened = await post_json(url, "/v1/episodes", {"id": f"many{i}"})
+        assert status == 200, opened
+        body = {"messages": [{"role": "user", "content": f"episode {i} here"}]}
+        status, reply = await post_json(url, f"/episodes/many{i}/v1/chat/completions", body)
+        assert status == 200 and reply["choices"][0]["message"]["tool_calls"], reply
+        return opened["id"]
+
+    async def main():
+        return await asyncio.gather(*(episode(i) for i in range(500)))
+
+    eids = asyncio.run(main())
+    for i, eid in enumerate(eids):
+        (traj,) = gateway.finish(eid)
+        prompt = tok.decode(traj.token_ids[: traj.prompt_length])
+        assert f"episode {i} here" in prompt and prompt.count("episode ") == 1
+
+
+def test_idle_episodes_are_closed_and_counted(gateway):
+    """An episode left alone past `episode_idle_s` is closed by the server's sweep (counted in
+    gateway/expired_episodes, then 404); one that keeps asking stays open."""
+    idle = Gateway(gateway.renderer, gateway.batcher, episode_idle_s=0.4)
+    with serving(idle) as base, httpx.Client(timeout=60) as client:
+        left, busy = (client.post(f"{base}/v1/episodes", json={}).json()["id"] for _ in "ab")
+        for _ in range(10):  # 1 s: the sweep runs every 0.1 s
+            assert client.get(f"{base}/v1/episodes/{busy}").status_code == 200
+            time.sleep(0.1)
+        gone = client.get(f"{base}/v1/episodes/{left}")
+        assert gone.status_code == 404 and "idle for 0.4 s" in gone.json()["error"]["message"]
+        metrics = client.get(f"{base}/v1/metrics").json()
+        assert metrics["gateway/expired_episodes"] == 1 and metrics["gateway/episodes"] == 1
+    with pytest.raises(ValueError, match="episode_idle_s"):
+        Gateway(gateway.renderer, gateway.batcher, episode_idle_s=0)
+
+
 def test_hostile_requests_get_clear_errors(url, gateway, needle_samples):
     video = needle_samples[0].video
     with httpx.Client(timeout=60) as client:
@@ -158,7 +252,10 @@ def test_hostile_requests_get_clear_errors(url, gateway, needle_samples):
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
         with client.stream("POST", chat, json=body) as reply:
             next(reply.iter_lines())
-        assert client.get(f"{url}/v1/metrics").json()["gateway/forks"] >= 0
+        # Its turn was kept, and the episode goes on.
+        assert client.get(f"{url}/v1/episodes/{eid}").json()["turns"] == 1
+        reply = client.post(chat, json={"messages": [{"role": "user", "content": "again"}]})
+        assert reply.status_code == 200 and gateway.finish(eid)
 
 
 def free_port() -> int:

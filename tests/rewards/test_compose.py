@@ -221,3 +221,25 @@ def test_a_whole_text_as_the_answer_is_refused() -> None:
     with pytest.raises(ValueError, match=r"pass extract_answer\(text\)"):
         accuracy_reward(text, "a red coat", "oe")
     assert compute_reward(text, "a red coat", "oe").accuracy == 1.0  # extracts it itself
+
+
+def test_an_agent_programs_posted_reward_is_trained_on_as_asked() -> None:
+    """reward.agent_reward: paravt's R, the agent program's posted reward, or their sum."""
+    from paravt.rewards.compose import trajectory_reward
+    from paravt.types import Sample, Trajectory, Turn
+
+    sample = Sample("s", "v.mp4", "Which?", "B")
+    posted = Trajectory("s", 1, (), (), (), (), 0, turns=(Turn(GOOD),), agent_reward=0.25)
+    silent = dataclasses.replace(posted, agent_reward=None)
+    # GOOD: R_acc 1, R_fmt 1 (the reference formula, clipped), R_tool 0: R = 2.
+    assert trajectory_reward(posted, sample).total == pytest.approx(2.0)
+    agent = trajectory_reward(posted, sample, RewardWeights(agent_reward="agent"))
+    assert agent.total == 0.25 and agent.accuracy == 1.0  # paravt's terms still logged
+    assert agent.components["agent"] == 0.25 and agent.components["total"] == 0.25
+    both = trajectory_reward(posted, sample, RewardWeights(agent_reward="sum"))
+    assert both.total == pytest.approx(2.25)  # 2 + 0.25
+    assert trajectory_reward(silent, sample).total == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=r"rollout s#1 posted no reward.*agent_reward=paravt"):
+        trajectory_reward(silent, sample, RewardWeights(agent_reward="agent"))
+    with pytest.raises(ValueError, match="paravt, agent, sum"):
+        RewardWeights(agent_reward="mine")

@@ -25,6 +25,7 @@ from paravt.rollout import GenerationRequest, SamplingParams, build_engine
 from paravt.rollout.consistency import VisionSpec, check_trajectory
 from paravt.types import Frames, Visual
 from paravt.video.reader import VideoReader
+from tests.gateway.parity import assert_parity, both_ways
 from tests.logprob_gaps import logprob_gaps
 
 pytestmark = pytest.mark.vllm
@@ -89,6 +90,17 @@ def test_sampled_logprobs_match_the_trainers_teacher_forced_pass(
     spec, rope = VisionSpec.from_processor(processor), model_rope_index(model)
     found = [check_trajectory(t, spec, rope, processor.tokenizer.decode) for t in trajs]
     assert found == [[]] * len(trajs)
+
+
+def test_an_agent_program_through_the_gateway_gives_the_agent_loops_rollouts(
+    tool_caller, vllm_engine, needle_samples
+):
+    """Token-exact on in-process vLLM: the mimic agent through the gateway (requests of 4
+    episodes batched as they arrive) vs `AgentLoop`, sampled at T=0.7 with the same seeds."""
+    model, processor = tool_caller
+    params = SamplingParams(temperature=0.7, seed=5)
+    ours, theirs = both_ways(vllm_engine, processor, needle_samples[:2], [4, 8], 2, params)
+    assert_parity(ours, theirs, model, processor, params.temperature)
 
 
 def test_the_expansion_cache_keeps_no_clip_pixels(tool_caller, vllm_engine, needle_samples):

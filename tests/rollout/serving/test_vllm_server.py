@@ -31,6 +31,7 @@ from paravt.rollout.serving.client import RolloutServerError, ServerEngine, http
 from paravt.rollout.serving.launch import start_server
 from paravt.rollout.serving.protocol import SYNC_PLAN
 from paravt.video.reader import VideoReader
+from tests.gateway.parity import assert_parity, both_ways
 from tests.logprob_gaps import logprob_gaps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a server start-up on 2 loaded cores
@@ -121,6 +122,16 @@ def test_two_round_parallel_crop_rollouts_equal_the_in_process_engine(
     greedy = _exact(remote, local, model, processor, needle_samples[:2])
     assert all(len(t.turns) >= 2 and t.num_tool_responses >= 1 for t in greedy)
     assert max(len(t.turns[0].results) for t in greedy) >= 2  # parallel crops in one turn
+
+
+def test_an_agent_program_through_the_gateway_gives_the_agent_loops_rollouts(
+    tool_caller, remote, needle_samples
+):
+    """Token-exact on a rollout server: the mimic agent through the gateway vs `AgentLoop`,
+    both on the server, sampled with the same seeds (tests/gateway/parity.py)."""
+    model, processor = tool_caller
+    ours, theirs = both_ways(remote, processor, needle_samples[:2], [4, 8], 2, SAMPLED)
+    assert_parity(ours, theirs, model, processor, SAMPLED.temperature)
 
 
 def test_after_a_weight_sync_they_still_do_and_the_old_weights_no_longer_fit(
