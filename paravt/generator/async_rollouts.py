@@ -104,13 +104,14 @@ class AsyncRollouts:
             # rollout servers started here are shared with the generator, never started twice
             engine=getattr(datamodule.engine, "child_config", cfg.engine),
             agent=cfg.agent,
-            crop=datamodule.agent.crop,
+            crop=(datamodule.agent.loop if cfg.agent_program else datamodule.agent).crop,
             cores=tuple(theirs),
             threads=len(theirs) or 1,
             skip_bad_videos=not datamodule.fail_fast,
             device=generator_device(getattr(module, "device", "cpu")),  # rank 0's GPU, if any
             partial=cfg.partial,
             tools=tuple(cfg.toolbox),
+            program=cfg if cfg.agent_program else None,
         )
         self.generator = AsyncGenerator(spec, self.weights, max_pending=cfg.max_staleness + 1)
         if mine and mine != all_cores:

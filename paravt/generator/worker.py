@@ -12,10 +12,11 @@ skeleton over the shared host tensors, which the servers' syncs read), builds it
 and agent loop, pins itself to its cores, and then runs `GenTask`s in order: before each task
 it loads the newest published weights, and it sends a `GenResult` (grouped trajectories + the
 version they were sampled under + busy time) back, queueing at most `max_pending` while the
-trainer has not read them. Which steps may start is decided by the trainer
-(`paravt.rollout.sync.staleness`). With `rollout.partial` the submitted steps are played
-together, a round at a time, and the weights may change between rounds
-(`paravt.generator.partial_rollouts`).
+trainer has not read them. With `rollout.agent_program` the user's program plays the rollouts,
+through an in-process gateway on this engine (`paravt.gateway.rollouts`). Which steps may start
+is decided by the trainer (`paravt.rollout.sync.staleness`). With `rollout.partial` the
+submitted steps are played together, a round at a time, and the weights may change between
+rounds (`paravt.generator.partial_rollouts`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
@@ -58,6 +59,9 @@ class GeneratorSpec:
     device: str = "cpu"  # the trainer rank's device (`generator_device`)
     partial: bool = False  # rollout.partial: steps in flight together (modules/partial_rollouts)
     tools: tuple = ()  # rollout.toolbox (empty: the default [crop_video])
+    # the RolloutConfig of a `rollout.agent_program`, or None: that program plays the rollouts
+    # through a gateway on the child's engine (paravt.gateway.rollouts) instead of AgentLoop
+    program: object = None
 
 
 class _Outbox:
@@ -152,8 +156,9 @@ def _policy(spec: GeneratorSpec, weights, device: str):
     return model, processor
 
 
-def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
-    """The child's policy (`_policy`), its engine and agent loop."""
+def _build(spec: GeneratorSpec, weights, device: str = "cpu", stack=None):
+    """The child's policy (`_policy`), its engine and agent loop, or the agent program's
+    rollouts (`spec.program`), whose gateway server and workers live until `stack` closes."""
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
     from paravt.rollout.factory import build_engine
@@ -164,6 +169,10 @@ def _build(spec: GeneratorSpec, weights, device: str = "cpu"):
     engine = build_engine(spec.engine, model, processor, spec.policy.path, share_weights=True)
     with weights.current(model, everything=True) as version:
         WeightSync.changed(engine, model, version)  # the shared copy's weights, not the path's
+    if spec.program is not None:
+        from paravt.gateway.rollouts import build_rollouts
+
+        return model, engine, stack.enter_context(build_rollouts(spec.program, engine, processor))
     agent = AgentLoop(
         engine, ChatRenderer(processor), VideoReader(), spec.agent, spec.crop, tools=spec.tools
     )
@@ -207,12 +216,13 @@ def generator_main(
     try:
         device = _enter_standalone(spec.device)
         _pin(spec.cores, spec.threads)
-        model, engine, agent = _build(spec, weights, device)
-        if spec.partial:
-            from paravt.generator.partial_rollouts import serve_partial as serve
-        else:
-            serve = serve_steps
-        serve(tasks, results, weights, model, engine, agent, spec.skip_bad_videos)
+        with contextlib.ExitStack() as stack:
+            model, engine, agent = _build(spec, weights, device, stack)
+            if spec.partial:
+                from paravt.generator.partial_rollouts import serve_partial as serve
+            else:
+                serve = serve_steps
+            serve(tasks, results, weights, model, engine, agent, spec.skip_bad_videos)
     except BaseException:
         with contextlib.suppress(BrokenPipeError):
             results.put(GenFailure(traceback.format_exc()))

@@ -70,7 +70,8 @@ class RolloutConfig:
     # The agent's tools, instantiated from `rollout.toolbox` (docs/reuse.md, "Your own tools").
     toolbox: Sequence[Any] = field(default_factory=lambda: (CropVideoTool(),))
     # "package.module:function": rollouts by that agent program through the gateway
-    # (paravt.gateway.rollouts) on `agent_workers` threads, instead of paravt's agent loop.
+    # (paravt.gateway.rollouts) on `agent_workers` threads, instead of paravt's agent loop;
+    # with mode=async the generator process plays it (not with `partial`).
     agent_program: str | None = None
     agent_workers: int = 16
     # seconds an agent program's episode may go without a request before it is closed and its
@@ -84,10 +85,15 @@ class RolloutConfig:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
         check_engine_name(self.engine.name)
-        if self.agent_program and (self.mode != "sync" or self.agent_workers < 1):
+        if self.agent_program and self.agent_workers < 1:
             raise ValueError(
-                f"rollout.agent_program runs in rollout.mode=sync with agent_workers >= 1, got "
-                f"mode={self.mode!r}, agent_workers={self.agent_workers}"
+                f"rollout.agent_program needs rollout.agent_workers >= 1, got {self.agent_workers}"
+            )
+        if self.agent_program and self.partial:
+            raise ValueError(
+                "rollout.partial=true resumes paravt's own agent loop between rounds, but an "
+                "agent program (rollout.agent_program) plays each episode whole: set "
+                "rollout.partial=false"
             )
         if self.agent_idle_s is not None and not self.agent_idle_s > 0:
             raise ValueError(

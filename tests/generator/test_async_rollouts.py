@@ -136,6 +136,46 @@ def test_the_staleness_bound_is_never_exceeded(
     assert seen.versions == [(0, 0)] + [(t, t - 1) for t in range(1, steps)]
 
 
+class Handle(pl.Callback):
+    """Keeps the trainer's handle on its generator process (the DataModule drops it)."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.generator = trainer.datamodule.async_rollouts.generator
+
+
+@pytest.mark.slow
+def test_an_agent_program_plays_the_async_generators_rollouts(tmp_path, tiny_qwen3_dir, needle_dir):
+    """rollout.agent_program under rollout.mode=async: the generator process plays the program
+    through its own gateway, one step ahead, and the bound holds as with paravt's loop."""
+    pids, seen, handle = Pids(), Batches(), Handle()
+    steps = 3
+    fit(
+        tmp_path,
+        tiny_qwen3_dir,
+        needle_dir,
+        f"trainer.max_steps={steps}",
+        "rollout.max_staleness=1",
+        "algorithm.loss=decoupled_ppo",
+        "rollout.agent_program=tests.gateway.mimic:http_program",
+        "rollout.agent_workers=2",
+        *ASYNC,
+        callbacks=[pids, seen, handle],
+    )
+    assert len(pids.pids) == 1 and all(gone(p) for p in pids.pids)
+    # It stopped by itself (its gateway and agent workers closed), not by terminate (-15).
+    assert handle.generator.process.exitcode == 0
+    # The program's rollouts: http_program returns 1.0 as its reward (paravt's loop sets none);
+    # 3 steps x 1 prompt x 2 rollouts = 6 episodes.
+    rewards = [t.agent_reward for b in seen.batches for t in b.trajectories]
+    assert rewards == [1.0] * 6
+    assert all(len(t.token_ids) > 0 for b in seen.batches for t in b.trajectories)
+    # Generated one step ahead, nothing dropped, no token more than 1 update behind.
+    assert seen.versions == [(0, 0), (1, 0), (2, 1)]
+    assert scalars(tmp_path, "rollout/staleness") == [0.0, 1.0, 1.0]
+    assert max(scalars(tmp_path, "rollout/token_staleness_max")) <= 1.0
+    assert scalars(tmp_path, "rollout/stale_dropped") == [0.0] * steps
+
+
 class KillGenerator(Pids):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)

@@ -171,7 +171,7 @@ def records_what_it_builds_under(spec, weights, tasks, conn, max_pending, parent
     from paravt.rollout.engines.vllm import placement_kwargs
     from paravt.rollout.engines.vllm_launch import launch_world
 
-    def build(spec, weights, device="cpu"):
+    def build(spec, weights, device="cpu", stack=None):
         world = launch_world()
         record = {
             "world": list(world),
