@@ -165,6 +165,9 @@ class Trajectory:
     versions: tuple[int, ...] = ()  # last: added after the others, positional callers keep working
     # the reward an agent program posted for its episode (paravt.gateway); None: it posted none
     agent_reward: float | None = None
+    # histories the agent program changed, each starting a new trajectory of its episode
+    # (paravt.gateway, logged as gateway/forks); None: not played through the gateway
+    forks: int | None = None
 
     @property
     def response_text(self) -> str:

@@ -191,14 +191,15 @@ class GatewayRollouts:
             posted = float(reward)
         if posted is not None:
             self.rewards[(sample.id, g)] = posted
-        self.forks += sum(self.gateway.get(eid).forks.values())
+        forks = sum(self.gateway.get(eid).forks.values())
+        self.forks += forks
         trajs = self.gateway.finish(eid, sample_id=sample.id, group_index=g, frame_budget=budget)
         if not trajs:
             errors[sample.id] = f"agent program of episode {eid} made no request"
             return _failed(sample, g, budget)
         # The rollout as the agent ended it (forked trajectories are context only), with the
-        # reward it posted (reward.agent_reward says whether training reads it).
-        return replace(trajs[-1], agent_reward=posted)
+        # reward it posted (reward.agent_reward says whether training reads it) and its forks.
+        return replace(trajs[-1], agent_reward=posted, forks=forks)
 
 
 def _failed(sample: Sample, group_index: int, budget: int) -> Trajectory:

@@ -133,4 +133,7 @@ def rollout_metrics(
         **drift_metrics([t.response_text for t in trajs]),
         **tool_metrics(trajs),
     }
+    forks = [t.forks for t in trajs if t.forks is not None]
+    if forks:  # rollouts an agent program played through the gateway: its forked histories
+        out["gateway/forks"] = sum(forks)
     return {k: float(v) for k, v in out.items()}

@@ -118,3 +118,16 @@ def posting_program(base_url: str, payload: dict[str, Any]) -> float:
 def silent_program(base_url: str, payload: dict[str, Any]) -> None:
     """`http_program` that neither posts nor returns a reward."""
     http_program(base_url, payload)
+
+
+def editing_program(base_url: str, payload: dict[str, Any]) -> None:
+    """An agent that post-processes the model's text: it answers again after rewriting its
+    first reply (a history the gateway cannot extend token for token: one fork)."""
+    with httpx.Client(timeout=300) as client:
+        messages = list(payload["messages"])
+        for _ in range(2):
+            body = {"model": "paravt", "messages": messages}
+            reply = client.post(f"{base_url}/chat/completions", json=body).raise_for_status()
+            message = reply.json()["choices"][0]["message"]
+            edited = {"role": "assistant", "content": "edited: " + (message["content"] or "")}
+            messages += [edited, {"role": "user", "content": "Answer now."}]

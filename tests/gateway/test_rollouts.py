@@ -17,9 +17,11 @@ from paravt.gateway.episode import EpisodeRenderer
 from paravt.gateway.media import MediaConfig
 from paravt.gateway.rollouts import AGENT_ERROR, GatewayRollouts, load_program
 from paravt.rewards.compose import RewardWeights, trajectory_reward
+from paravt.rl.objective import rollout_metrics
 from paravt.rollout.engine import SamplingParams, derive_seed
 from paravt.video.reader import VideoReader
 from tests.gateway.mimic import (
+    editing_program,
     failing_program,
     hanging_program,
     http_program,
@@ -101,6 +103,20 @@ def test_a_posted_reward_rides_on_the_rollout_and_is_trained_on_if_asked(setup, 
     assert silent.agent_reward is None
     with pytest.raises(ValueError, match=f"rollout {sample.id}#0 posted no reward"):
         trajectory_reward(silent, sample, agent)
+
+
+def test_an_agent_that_edits_its_history_forks_and_the_step_logs_it(setup, needle_samples):
+    """An agent that rewrites the model's reply before its next request forks each episode
+    once; the rollout carries the count and the step's metrics log it as gateway/forks
+    (2 episodes x 1), and a rollout of paravt's own loop (forks None) logs no such key."""
+    gateway, sample = setup[0], needle_samples[0]
+    with GatewayRollouts(gateway, editing_program, VideoReader(), workers=2) as rollouts:
+        run = rollouts.run([sample], [4], 2, GREEDY)
+    assert [t.forks for t in run] == [1, 1] and rollouts.forks == 2
+    rewards = [trajectory_reward(t, sample) for t in run]
+    assert rollout_metrics(list(run), rewards)["gateway/forks"] == 2.0
+    plain = [replace(t, forks=None) for t in run]
+    assert "gateway/forks" not in rollout_metrics(plain, rewards)
 
 
 def test_agent_programs_are_named_module_colon_function():
