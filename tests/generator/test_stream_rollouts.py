@@ -106,3 +106,27 @@ def test_a_streamed_batch_reads_as_one_step_of_async_mode():
     # no trained token at all: the trainer's version
     _, alone = as_step(StreamResult(5, groups[:1], 0, 1.5, 2, 1), 2, (), 7)
     assert alone.version == 7
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_no_generator_and_resume_continues(tmp_path, tiny_run_overrides):
+    """`python train.py rollout.mode=stream` killed with SIGKILL once a checkpoint holds step 1
+    (groups in flight and buffered): its generator exits by itself; `ckpt_path=last` streams
+    again from the checkpoint's step with a fresh generator, its first batch sampled under the
+    checkpoint's weights (nothing from the killed one), and loses no update."""
+    from tests.generator.test_async_rollouts import _first_resumed_batch, _killed_at_a_checkpoint
+    from tests.generator.test_async_rollouts import _train_py as train_py
+    from tests.modules.test_kill_resume_cli import _checkpoint_step
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    overrides = [*tiny_run_overrides, "rollout.mode=stream", "rollout.max_staleness=2"]
+    overrides += ["algorithm.loss=decoupled_ppo"]
+    killed = train_py(run_dir, overrides, "trainer.max_steps=200")
+    step = _killed_at_a_checkpoint(last, killed, 1)
+    resumed = train_py(run_dir, overrides, f"trainer.max_steps={step + 1}", "ckpt_path=last")
+    out = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resumed from {last} at step {step}" in out, out
+    assert _checkpoint_step(last) == step + 1  # its one step trained and saved
+    assert _first_resumed_batch(run_dir) == (step, 0.0)
