@@ -96,10 +96,11 @@ def test_async_rollouts_with_the_in_process_vllm_engine_on_gpus_exit_2(capsys):
     args += ["rollout/engine=vllm", "rollout.engine.max_model_len=32768"]
     assert main(args) == 0, capsys.readouterr().out  # sync: one engine per rank
     capsys.readouterr()
-    assert main([*args, "rollout.mode=async"]) == 2
-    out = capsys.readouterr().out
-    assert "rollout.mode=async with rollout/engine=vllm on GPUs" in out
-    assert "fix: rollout/engine=vllm_server" in out
+    for mode in ("async", "stream"):  # stream mode's generator is async mode's
+        assert main([*args, f"rollout.mode={mode}", "rollout.max_staleness=1"]) == 2
+        out = capsys.readouterr().out
+        assert f"rollout.mode={mode} with rollout/engine=vllm on GPUs" in out
+        assert "fix: rollout/engine=vllm_server" in out
 
 
 def test_a_tensor_parallel_engine_in_the_trainers_process_exits_2(capsys):

@@ -36,6 +36,7 @@ CORE = [
     "paravt.parallel.distributed",
     "paravt.rollout.records",
     "paravt.rollout.engine",
+    "paravt.rollout.sync.stream_buffer",
     "paravt.eval.scoring",
     "paravt.eval.lmms_scoring",
     "paravt.eval.adapters",

@@ -151,13 +151,15 @@ def test_training_plays_its_rollouts_with_the_agent_program(train_py, tmp_path, 
     assert sum(e.startswith("needle-eval") for e in episodes) == 2
 
 
-def test_an_agent_program_refuses_partial_rollouts():
+def test_an_agent_program_refuses_partial_and_stream_rollouts():
     from paravt.modules.rollout_config import RolloutConfig
 
     program = "tests.gateway.mimic:http_program"
     RolloutConfig(agent_program=program, mode="async")  # async plays it in the generator
     with pytest.raises(ValueError, match=r"agent program .* set rollout\.partial=false"):
         RolloutConfig(agent_program=program, mode="async", partial=True)
+    with pytest.raises(ValueError, match=r"agent program .* set rollout\.mode=async or sync"):
+        RolloutConfig(agent_program=program, mode="stream")
     with pytest.raises(ValueError, match=r"rollout\.agent_workers >= 1, got 0"):
         RolloutConfig(agent_program=program, agent_workers=0)
     with pytest.raises(ValueError, match=r"rollout\.agent_idle_s must be > 0"):

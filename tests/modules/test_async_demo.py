@@ -1,7 +1,8 @@
 """The demo still learns in async mode (a generator process one step ahead, the decoupled
 loss; and with partial rollouts, trajectories resumed across weight syncs), as a user runs it:
 `python train.py -m rollout.mode=async ... rollout.partial=false,true` from an empty folder, the
-summary's held-out gain over both frame budgets read from each job's output.
+summary's held-out gain over both frame budgets read from each job's output; and in stream mode
+(`rollout.mode=stream`, staleness 2), run afterwards into the same sweep folder.
 
 The two runs are one sweep so that they share the demo's data, tiny model and cold start: the
 second job loads the first one's cold start (paravt.run.coldstart_cache restores its weights and
@@ -62,20 +63,59 @@ def sweep(tmp_path_factory, train_py):
     return folder / "sweep", summaries
 
 
+@pytest.fixture(scope="module")
+def stream_job(sweep, train_py):
+    """`rollout.mode=stream` at staleness 2 as one more job of the sweep's folder (subfolder
+    `stream`), so it loads the sweep's cold start; (its folder, its summary)."""
+    folder = sweep[0]
+    out = train_py(
+        "-m",
+        "rollout.mode=stream",
+        "rollout.max_staleness=2",
+        "algorithm.loss=decoupled_ppo",
+        f"trainer.max_steps={STEPS}",
+        "callbacks.benchmark_validation=null",
+        "optimized_metric=null",
+        "cold_start.eval_every=0",
+        "name=demo_async",
+        f"hydra.sweep.dir={folder}",
+        "hydra.sweep.subdir=stream",
+        cwd=folder.parent,
+        timeout=2400,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "cold start: loaded from an earlier job of this sweep" in out.stdout + out.stderr
+    return folder / "stream", out.stdout
+
+
+def _learned(summary: str, folder, bound: int) -> list[float]:
+    """Asserts the summary's +15-point bar and the staleness bound at every step, token by
+    token; the per-step staleness."""
+    found = GAIN.search(summary)
+    assert found, summary[-3000:]
+    before, after, points = (float(x) for x in found.groups())
+    assert points >= 15.0 and after > before  # the bar: +15 points held-out through RL
+    tb = [p.parent for p in folder.rglob("events.out.tfevents*")]
+    acc = EventAccumulator(str(tb[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    staleness = [e.value for e in acc.Scalars("rollout/staleness")]
+    assert len(staleness) == STEPS and max(staleness) <= bound  # the bound held at every step
+    per_token = [e.value for e in acc.Scalars("rollout/token_staleness_max")]
+    assert len(per_token) == STEPS and max(per_token) <= bound  # for every trained token too
+    return staleness
+
+
 @pytest.mark.parametrize(("job", "partial"), [(0, False), (1, True)], ids=["whole", "partial"])
 def test_the_demo_learns_in_async_mode(sweep, job, partial):
     folder, summaries = sweep
     overrides = (folder / str(job) / ".hydra" / "overrides.yaml").read_text()
     assert f"rollout.partial={partial}" in overrides  # Hydra writes a swept bool as True / False
-    found = GAIN.search(summaries[job])
-    assert found, summaries[job][-3000:]
-    before, after, points = (float(x) for x in found.groups())
-    assert points >= 15.0 and after > before  # the bar: +15 points held-out through RL
-    tb = [p.parent for p in (folder / str(job)).rglob("events.out.tfevents*")]
-    acc = EventAccumulator(str(tb[0]), size_guidance={"scalars": 0})
-    acc.Reload()
-    staleness = [e.value for e in acc.Scalars("rollout/staleness")]
-    assert len(staleness) == STEPS and max(staleness) <= 1  # the bound held at every step
-    per_token = [e.value for e in acc.Scalars("rollout/token_staleness_max")]
-    assert len(per_token) == STEPS and max(per_token) <= 1  # for every trained token too
+    staleness = _learned(summaries[job], folder / str(job), bound=1)
     assert sum(staleness) > 0  # and the generator did run ahead of the trainer
+
+
+def test_the_demo_learns_in_stream_mode(stream_job):
+    folder, summary = stream_job
+    staleness = _learned(summary, folder, bound=2)
+    assert sum(staleness) > 0  # groups sampled before the weights they were trained from
