@@ -10,8 +10,9 @@ Every parameter is an option (`--help` names each one's source). Modelled: the e
 server or a colocated rank), every trainer rank's share, the crops' CPU time; not modelled:
 rewards, prompt building, data loading, failures (docs/performance.md, section 13).
 
-Printed, for colocated 8 GPUs, 1 + 7, 2 + 6 and 2 nodes (16 GPUs, 2 servers, a prompt a
-rank), and each mode that topology can start: steps per hour, the trainer's and the
+Printed, for colocated 8 GPUs, 1 + 7, 2 + 6 and 2 nodes (16 GPUs: 2 or 4 servers, 14 prompts a
+step), and each mode that topology can start (async modes need a generator apart from the
+trainer's GPUs): steps per hour, the trainer's and the
 generator's idle fractions, mean and max staleness (updates behind, oldest token), groups
 dropped as too stale; then the step's phases, the tail drawn, the scheduler's own overhead per
 step (every stand-in at zero time, real seconds), and `stream vs sync, 1 + 7: N.NNx`.
@@ -36,6 +37,7 @@ TOPOLOGIES = (  # name, trainer ranks, servers (0: colocated), prompts a step (N
     ("1 + 7", 7, 1, None),
     ("2 + 6", 6, 2, None),
     ("2 nodes 2 + 14", 14, 2, 14),
+    ("2 nodes 4 + 12", 12, 4, 14),
 )
 MODES = ("sync", "async", "partial", "stream")
 
@@ -75,10 +77,27 @@ def table(p: Params, staleness: int) -> dict[tuple[str, str], dict[str, float]]:
     return rows
 
 
-def print_table(rows, keys: tuple[str, ...], fmt: str) -> None:
-    print(f"{'topology':<16}{'mode':<9}" + "".join(f"{k:>20}" for k in keys))
+COLUMNS = (  # heading, key, format
+    ("steps/h", "steps/h", ".1f"),
+    ("s/step", "s/step", ".1f"),
+    ("trainer idle", "trainer idle", ".2f"),
+    ("gen idle", "generator idle", ".2f"),
+    ("stale mean", "staleness mean", ".2f"),
+    ("max", "staleness max", ".0f"),
+    ("dropped", "dropped groups", ".0f"),
+    ("update s", "update s", ".1f"),
+    ("gen busy s", "engine busy s/step", ".1f"),
+)
+
+
+def print_table(rows) -> None:
+    """One line a row; `gen busy s`: a generation GPU's busy seconds a step."""
+    print(f"{'topology':<16}{'mode':<9}" + "".join(f"{h:>13}" for h, _, _ in COLUMNS))
     for (topo, mode), f in rows.items():
-        print(f"{topo:<16}{mode:<9}" + "".join(f"{f[k]:>20{fmt}}" for k in keys))
+        cells = "".join(
+            f"{max(0.0, f[k]) if 'idle' in k else f[k]:>13{fmt}}" for _, k, fmt in COLUMNS
+        )
+        print(f"{topo:<16}{mode:<9}" + cells)
 
 
 def tail(p: Params, n: int = 4000) -> str:
@@ -127,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"need 1 <= --warmup < --steps, got {p.warmup} and {p.steps}")
     print(tail(p))
     rows = table(p, args.max_staleness)
-    print_table(rows, ("steps/h", "trainer idle", "generator idle"), ".2f")
-    print_table(rows, ("staleness mean", "staleness max", "dropped groups"), ".2f")
-    print_table(rows, ("s/step", "update s", "engine busy s/step"), ".1f")
+    print_table(rows)
     ref, reported = rows[("1 + 7", "stream")]["s/step"], args.reference_step_s
     print(f"the reference's mode (stream, 1 + 7): {ref:.0f} s a step; it reports ~{reported:.0f}")
     cost = overhead(p, args.max_staleness)
