@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = pr.samples_of(Path(tmp) / "needle", args.steps, args.prompts)
         measured = {"sync": pr.run_sync(spec, prompts, args.group, args.warmup)}
         load.append(os.getloadavg())
+        synced = len(UPDATES)
         measured["async"] = pr.run_async(spec, prompts, args.group, args.warmup, False, 1)
+        del UPDATES[synced:]  # the async trainer's (in this process too): not the sync run's
     load.append(os.getloadavg())
     sync, asyn = measured["sync"], measured["async"]
     base = replace(Params(), prompts=args.prompts, group=args.group, steps=args.steps)
