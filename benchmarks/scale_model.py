@@ -8,7 +8,7 @@ whose time follows a model of Qwen3-VL-8B on H100s (vLLM continuous batching, FS
 weight sync per GB, crops on the CPU), over long-tailed trajectories of the paper's shape.
 Every parameter is an option (`--help` names each one's source). Modelled: the engines (one a
 server or a colocated rank), every trainer rank's share, the crops' CPU time; not modelled:
-rewards, prompt building, data loading, failures (docs/performance.md, section 13).
+rewards, prompt building, sub-agent summaries, failures (docs/performance.md, section 6).
 
 Printed, for colocated 8 GPUs, 1 + 7, 2 + 6 and 2 nodes (16 GPUs: 2 or 4 servers, 14 prompts a
 step), and each mode that topology can start (async modes need a generator apart from the

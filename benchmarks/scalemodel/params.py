@@ -22,7 +22,7 @@ class Params:
     prompts: int = _p(7, "prompts a step: reference train_dataset.batch_size 7")
     group: int = _p(8, "rollouts a prompt G: reference gconfig.n_samples 8")
     overview_frames: int = _p(64, "overview frames: reference hierarchical_agent.nframes 64")
-    crop_frames: int = _p(16, "frames a crop: crop_video's cap at 1 fps (PARAVT.md sec. 2)")
+    crop_frames: int = _p(16, "frames a crop: crop_video's cap at 1 fps (docs/method.md)")
     tokens_per_frame: float = _p(
         24.5, "LM tokens a 224 px frame: 7 x 7 merged patches per 2-frame block (Qwen3-VL)"
     )
@@ -34,7 +34,7 @@ class Params:
     round_probs: str = _p(
         "0.30,0.35,0.20,0.15",
         "P(0..3 tool rounds) a trajectory; with call_probs the mean is 2.46 calls a rollout, "
-        "the paper's kappa 2.50 after the cold-start SFT (PARAVT.md sec. 7); shape assumed",
+        "the paper's kappa 2.50 after the cold-start SFT (docs/method.md); shape assumed",
     )
     call_probs: str = _p(
         "0.40,0.30,0.15,0.10,0.05", "P(1..5 parallel crops) a tool round (assumed; mean 2.05)"
@@ -118,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--" + f.name.replace("_", "-"),
             type=type(f.default),
             default=None,
-            help=f"{f.metadata['source']} (default {f.default})",
+            help=f"{f.metadata['source']} (default {f.default})".replace("%", "%%"),
         )
 
 
