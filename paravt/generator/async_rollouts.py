@@ -40,6 +40,7 @@ from paravt.rollout.sync.weight_sync import WeightSync, gather_only
 # Counts summed over the ranks (paravt.modules.grpo.SKIP_SUMS) that every rank here holds for
 # the whole batch: reported by rank 0 alone.
 WHOLE_BATCH_COUNTS = ("data/skipped_prompts", "data/undecodable_videos")
+STREAM_PENDING = 64  # results the streaming generator queues: a batch and GenStarved notes
 
 
 def split_cores(cores: list[int], generator_cores: int | None) -> tuple[list[int], list[int]]:
@@ -84,8 +85,10 @@ class AsyncRollouts:
         self.submitted: dict[int, GenTask] = {}  # step -> its task, until taken
         self.next_step: int | None = None  # the first step not yet submitted
         self.dropped = 0  # trajectories dropped as too stale
+        self.counts: dict[str, float] = {}  # more counts logged each step (streaming's)
         self.wait_s = 0.0
         self.dtype = getattr(torch, module.spec.dtype)  # the generator's load dtype, not fp32
+        self.limits = self.stream_limits(module)  # None but for rollout.mode=stream
         if self.rank.rank != 0:
             gather_only(module.policy, self.bucket_bytes, self.dtype)  # rank 0's create
             return
@@ -111,14 +114,21 @@ class AsyncRollouts:
             device=generator_device(getattr(module, "device", "cpu")),  # rank 0's GPU, if any
             partial=cfg.partial,
             tools=tuple(cfg.toolbox),
+            stream=self.limits,
         )
-        self.generator = AsyncGenerator(spec, self.weights, max_pending=cfg.max_staleness + 1)
+        pending = cfg.max_staleness + 1 if self.limits is None else STREAM_PENDING
+        self.generator = AsyncGenerator(spec, self.weights, max_pending=pending)
         if mine and mine != all_cores:
             os.sched_setaffinity(0, set(mine))
             torch.set_num_threads(len(mine))
 
+    def stream_limits(self, module):
+        """The generator's `StreamLimits` (`paravt.generator.stream_rollouts`); None here."""
+        return None
+
     def _task(self, step: int) -> GenTask | None:
-        batch = self.dm.prompt_batch(step)  # the whole batch: every rank's share
+        # the whole batch: every rank's share (streaming may read past the last step)
+        batch = self.dm.prompt_batch(step, past_end=self.limits is not None)
         if batch is None:
             return None
         bad = self.dm.bad_videos
@@ -213,6 +223,7 @@ def rollout_batch(dm, batch, module, got: tuple[GenTask, GenResult, float]) -> R
     samples, budgets, trajs = _share(task, samples, budgets, trajs, rank)
     timings = {"sync": 0.0, "rollout": result.busy_s, "rollout_wait": waited} | result.timings
     counts = dm.skip_counts() | {"rollout/stale_dropped": float(dm.async_rollouts.dropped)}
+    counts |= dm.async_rollouts.counts
     if rank.rank != 0:
         counts |= dict.fromkeys(WHOLE_BATCH_COUNTS, 0.0)
         skipped = []

@@ -13,7 +13,8 @@ weights, and it sends a `GenResult` (grouped trajectories + the version they wer
 + busy time) back, queueing at most `max_pending` while the trainer has not read them. Which
 steps may start is decided by the trainer (`paravt.rollout.sync.staleness`). With `rollout.partial`
 the submitted steps are played together, a round at a time, and the weights may change between
-rounds (`paravt.generator.partial_rollouts`).
+rounds (`paravt.generator.partial_rollouts`); with `rollout.mode=stream` groups are in flight on
+a rolling basis and the trainer takes whole groups (`paravt.generator.streaming`).
 
 Failure behaviour: an exception in the child is sent back as a `GenFailure` and re-raised by
 `take` (with the child's traceback); a child that dies silently is noticed within a second,
@@ -27,6 +28,7 @@ no orphan is left. It deliberately knows nothing of Lightning or rewards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import signal
@@ -36,7 +38,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from paravt.generator.messages import GenFailure, GenResult, GenTask
+from paravt.generator.messages import GenFailure, GenResult, GenStarved, GenTask
 from paravt.parallel.placement import visible_gpus, without_launch_vars
 
 POLL_S = 0.5
@@ -56,6 +58,7 @@ class GeneratorSpec:
     device: str = "cpu"  # the trainer rank's device (`generator_device`)
     partial: bool = False  # rollout.partial: steps in flight together (modules/partial_rollouts)
     tools: tuple = ()  # rollout.toolbox (empty: the default [crop_video])
+    stream: object = None  # rollout.mode=stream: its StreamLimits (generator/streaming.py)
 
 
 class _Outbox:
@@ -190,10 +193,13 @@ def generator_main(
         device = _enter_standalone(spec.device)
         _pin(spec.cores, spec.threads)
         model, engine, agent = _build(spec, weights, device)
-        if spec.partial:
+        serve = serve_steps
+        if spec.stream is not None:
+            from paravt.generator.streaming import serve_stream
+
+            serve = functools.partial(serve_stream, limits=spec.stream)
+        elif spec.partial:
             from paravt.generator.partial_rollouts import serve_partial as serve
-        else:
-            serve = serve_steps
         serve(tasks, results, weights, model, engine, agent, spec.skip_bad_videos)
     except BaseException:
         with contextlib.suppress(BrokenPipeError):
@@ -231,8 +237,11 @@ class AsyncGenerator:
     def submit(self, task: GenTask) -> None:
         self.tasks.put(task)
 
-    def take(self, step: int, timeout_s: float | None = None) -> tuple[GenResult, float]:
-        """The result of `step` (the next one due) and the seconds waited for it."""
+    def take(
+        self, step: int, timeout_s: float | None = None, on_starved=None
+    ) -> tuple[GenResult, float]:
+        """The result of `step` (the next one due) and the seconds waited for it; a
+        `GenStarved` that comes meanwhile calls `on_starved()` (rollout.mode=stream)."""
         t0 = time.perf_counter()
         while True:
             try:
@@ -255,6 +264,9 @@ class AsyncGenerator:
                 continue
             if isinstance(got, GenFailure):
                 raise GeneratorError(f"the rollout generator failed:\n{got.error}")
+            if isinstance(got, GenStarved):
+                on_starved()
+                continue
             if got.step != step:
                 raise GeneratorError(f"rollouts arrived for step {got.step}, expected {step}")
             return got, time.perf_counter() - t0

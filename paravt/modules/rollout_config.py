@@ -17,6 +17,9 @@ from paravt.agent.tools import CropConfig, CropVideoTool
 from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig
 from paravt.rollout.factory import check_engine_name
+from paravt.rollout.sync.stream_buffer import StreamLimits
+
+MODES = ("sync", "async", "stream")
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,18 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     crop: CropConfig | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
-    # async: a generator process overlaps generation with the update (generator/async_rollouts.py)
+    # async: a generator process overlaps generation with the update (generator/async_rollouts.py);
+    # stream: groups in flight, the trainer takes whole ones (generator/stream_rollouts.py)
     mode: str = "sync"
     # async: in-flight trajectories pause at each weight sync and resume with the new weights
     # (generator/partial_rollouts.py); each token records the policy version that sampled it.
     partial: bool = False
     generator_cores: int | None = None  # async on CPU: the generator's cores (None: half)
+    # stream: trajectories in flight at most, finished + running groups at most (None: what the
+    # staleness gate allows), what in-flight trajectories do at a weight sync (continue | drain)
+    max_concurrent: int = 64
+    buffer_groups: int | None = None
+    on_sync: str = "continue"
     # async: seconds to wait for a step's rollouts before failing the run (None: for ever)
     generator_timeout_s: float | None = None
     # Rollout/trainer consistency of every trajectory (paravt.rollout.consistency): error |
@@ -78,8 +87,8 @@ class RolloutConfig:
         check_consistency_mode(self.consistency)
         object.__setattr__(self, "toolbox", tuple(self.toolbox))  # Hydra gives a ListConfig
         build_toolbox(self.toolbox)  # a bad list fails when the config is checked
-        if self.mode not in ("sync", "async"):
-            raise ValueError(f"rollout.mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"rollout.mode must be one of {MODES}, got {self.mode!r}")
         check_engine_name(self.engine.name)
         if self.agent_program and (self.mode != "sync" or self.agent_workers < 1):
             raise ValueError(
@@ -87,10 +96,15 @@ class RolloutConfig:
                 f"mode={self.mode!r}, agent_workers={self.agent_workers}"
             )
         if self.partial and self.mode != "async":
+            why = {"stream": ", which resumes them by itself (rollout.on_sync=continue)"}
             raise ValueError(
                 "rollout.partial=true resumes trajectories across weight syncs of the async "
-                f"generator, but rollout.mode={self.mode!r}: set rollout.mode=async (with "
-                "rollout.max_staleness >= 1) or rollout.partial=false"
+                f"generator, but rollout.mode={self.mode!r}{why.get(self.mode, '')}: set "
+                "rollout.mode=async (with rollout.max_staleness >= 1) or rollout.partial=false"
+            )
+        if self.mode == "stream":  # the limits that need no data (the batch size) checked now
+            StreamLimits(
+                self.group_size, 1, self.max_concurrent, self.max_staleness, 1, None, self.on_sync
             )
         if self.generator_timeout_s is not None and not self.generator_timeout_s > 0:
             raise ValueError(

@@ -46,6 +46,7 @@ from paravt.video.reader import VideoReader
 
 log = logging.getLogger(__name__)
 BudgetSampler = Callable[[str, int], int]  # (prompt id, epoch) -> frame budget K
+GENERATOR_MODES = ("async", "stream")  # rollout modes with a generator process
 
 
 @runtime_checkable
@@ -71,7 +72,7 @@ class RolloutDataModule(PromptDataModule):
         self.bad_videos: dict[str, str] = {}  # video path -> error, found undecodable mid-run
         self.skipped_prompts = 0  # training prompts skipped for their video, over the run
         self.eval_video_errors: dict[str, str] = {}  # held-out video path -> error
-        self.async_rollouts = None  # rollout.mode=async: the generator process, once started
+        self.async_rollouts = None  # rollout.mode=async|stream: the generator, once started
         self._steps = None  # the loader's prompt batches, for submitting steps ahead
         self._consistency = None  # (VisionSpec, rope index) once the policy is connected
         self.crop_cache: CropCache | None = None  # built with the agent
@@ -130,7 +131,7 @@ class RolloutDataModule(PromptDataModule):
             model_path=module.model_path,
             share_weights=self.rollout.max_staleness == 0 or on_meta(module.policy),
         )
-        if self.rollout.mode == "async" and hasattr(engine, "leave_nccl_to_generator"):
+        if self.rollout.mode in GENERATOR_MODES and hasattr(engine, "leave_nccl_to_generator"):
             engine.leave_nccl_to_generator()  # one NCCL sender per server: the generator's
         self._vision_models = self.install_feature_caches(module, getattr(engine, "model", None))
         return engine
@@ -169,11 +170,12 @@ class RolloutDataModule(PromptDataModule):
         self._steps = loader.dataset
         return loader
 
-    def prompt_batch(self, step: int) -> PromptBatch | None:
-        """The whole prompt batch of `step`, every rank's share (None past the last step),
+    def prompt_batch(self, step: int, past_end: bool = False) -> PromptBatch | None:
+        """The whole prompt batch of `step`, every rank's share (None past the last step,
+        unless `past_end`: streaming replaces dropped groups from the prompts that follow),
         ahead of the loader: what rank 0's asynchronous generator samples."""
         i = step - self._steps.start
-        return self._steps.whole(i) if 0 <= i < len(self._steps) else None
+        return self._steps.whole(i) if i >= 0 and (past_end or i < len(self._steps)) else None
 
     def sampling(self, step: int) -> SamplingParams:
         """The sampling of `step`'s rollouts: its seed depends on the run's seed and the step
@@ -190,7 +192,7 @@ class RolloutDataModule(PromptDataModule):
         self.stop_async()
 
     def stop_async(self) -> None:
-        """Stop the generator process of rollout.mode=async (if any)."""
+        """Stop the generator process of rollout.mode=async or stream (if any)."""
         if self.async_rollouts is not None:
             self.async_rollouts.close()
             self.async_rollouts = None
@@ -228,11 +230,13 @@ class RolloutDataModule(PromptDataModule):
         """
         agent = self.connect(module)
         decoded = self._start_step_caches(agent)  # async too: the trainer's passes fill it
-        if self.rollout.mode == "async":
+        if self.rollout.mode in GENERATOR_MODES:
             from paravt.generator.async_rollouts import AsyncRollouts, rollout_batch
+            from paravt.generator.stream_rollouts import StreamRollouts
 
             if self.async_rollouts is None:
-                self.async_rollouts = AsyncRollouts(self, module)
+                kind = StreamRollouts if self.rollout.mode == "stream" else AsyncRollouts
+                self.async_rollouts = kind(self, module)
             got = self.async_rollouts.take(batch.step, module)
             if got is not None:
                 return rollout_batch(self, batch, module, got)

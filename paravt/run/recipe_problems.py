@@ -77,12 +77,13 @@ def _async_engine_problems(cfg: DictConfig) -> list[Problem]:
     held-out evaluation's), the generator's full policy copy and a second engine, which vLLM
     refuses to start when its share exceeds the memory still free; no pair of shares fits."""
     engine = cfg.rollout.engine
-    async_mode = cfg.rollout.get("mode", "sync") == "async"
+    mode = cfg.rollout.get("mode", "sync")
+    async_mode = mode in ("async", "stream")
     if engine.get("name") != "vllm" or not async_mode or cfg.trainer.get("accelerator") != "gpu":
         return []
     return [
         Problem(
-            "rollout.mode=async with rollout/engine=vllm on GPUs: rank 0's GPU would hold the "
+            f"rollout.mode={mode} with rollout/engine=vllm on GPUs: rank 0's GPU would hold the "
             "trainer, the trainer's in-process engine, the generator's copy of the policy and "
             "the generator's own engine; vLLM refuses the second engine (its share exceeds the "
             "free memory at its start), and lowering rollout.engine.gpu_memory_utilization "
@@ -373,7 +374,7 @@ def server_ranks_note(cfg: DictConfig, world: int) -> str:
     """How W trainer ranks share the generation servers (`paravt.rollout.serving.client`)."""
     engine = cfg.rollout.engine
     who = "running servers" if engine.get(URLS) else "servers rank 0 starts (its URLs sent to all)"
-    if cfg.rollout.get("mode", "sync") == "async":
+    if cfg.rollout.get("mode", "sync") in ("async", "stream"):
         gen = (
             "rank 0's generator process samples every step's whole batch on them and reloads "
             "each server once per published version (every rank joins the gather)"

@@ -94,3 +94,18 @@ def test_partial_rollouts_are_refused_outside_async_mode():
     with pytest.raises(ValueError, match=r"set rollout\.mode=async"):
         RolloutConfig(partial=True)
     assert RolloutConfig(mode="async", max_staleness=1, partial=True).partial
+
+
+@pytest.mark.parametrize(
+    ("keys", "match"),
+    [
+        ({"partial": True}, r"mode='stream', which resumes them by itself"),
+        ({"max_concurrent": 4}, r"max_concurrent=4 cannot hold one group of .*group_size=8"),
+        ({"on_sync": "wait"}, r"rollout\.on_sync must be one of \('continue', 'drain'\)"),
+        ({"agent_program": "m:f"}, r"agent_program runs in rollout\.mode=sync"),
+    ],
+)
+def test_stream_mode_refuses_what_cannot_work_at_config_time(keys, match):
+    with pytest.raises(ValueError, match=match):
+        RolloutConfig(mode="stream", **keys)
+    assert RolloutConfig(mode="stream", max_staleness=2).max_concurrent == 64

@@ -294,6 +294,51 @@ def test_a_two_rank_fsdp_trainer_shares_the_server(
     assert max(run["loss/logprob_gap"]) < 1e-4  # the server sampled with the synced weights
 
 
+def test_a_stream_run_on_two_ranks_has_one_weight_sender(
+    train_py, tiny_run_overrides, server, caller_dir, tmp_path
+):
+    """`train.py trainer=fsdp_cpu rollout/engine=vllm_server rollout.mode=stream`: rank 0's
+    streaming generator is the server's one client that syncs it (the trainer's engine leaves
+    the syncs to it); groups run across the step boundary at staleness 1, every step trains
+    whole groups within the bound, and the server ends on the last published update."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    before = http_json(f"{server.url}/stats")[1]
+    settings = {
+        "model.path": str(caller_dir),
+        "trainer": "fsdp_cpu",
+        "rollout/engine": "vllm_server",
+        "rollout.engine.server_urls": f"[{server.url}]",
+        "rollout.engine.max_model_len": "4096",
+        "rollout.mode": "stream",
+        "rollout.max_staleness": "1",
+        "algorithm.loss": "decoupled_ppo",
+        "cold_start": "null",
+        "model.freeze_vision": "true",
+        "data.batch_size": "2",
+        "rollout.group_size": "2",
+        "rollout.agent.max_new_tokens": "32",
+        "trainer.max_steps": "2",
+        "callbacks.benchmark_validation": "null",
+        "export_hf": "false",
+    }
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
+    proc = train_py(*args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "MEMBER: 2/2" in out
+    after = http_json(f"{server.url}/stats")[1]
+    # the generator's syncs alone: its start (version 0) and update 1, published at step 1
+    assert len(after["syncs"]) - len(before["syncs"]) == 2
+    assert http_json(f"{server.url}/version")[1]["version"] == 1
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+    assert run["update/trajectories"] == [4.0, 4.0]  # two whole groups a step, both ranks'
+    assert max(run["rollout/token_staleness_max"]) <= 1.0
+
+
 def test_a_failure_on_one_rank_fails_every_rank(server, tmp_path):
     """Two gloo ranks with engines on this module's server: a rank whose rollouts failed makes
     every rank raise at the step's `settle` (the others quote it), and a sync that fails on
