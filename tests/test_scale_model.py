@@ -16,7 +16,7 @@ import scale_model
 from scalemodel.clock import Clock, Engine, Request, Trainer
 from scalemodel.modes import Setup, run_async, run_sync
 from scalemodel.params import Params
-from scalemodel.stream import run_stream
+from scalemodel.stream import run_stream, run_stream_per_turn
 from scalemodel.workload import Rollout, Turn
 
 # One turn of 100 tokens a trajectory, nothing else costs: a turn decodes at 0.1 s a token
@@ -78,21 +78,30 @@ def test_partial_rollouts_keep_the_bound_and_lose_nothing_on_one_turn_trajectori
     assert st.ends[-1] - st.ends[-2] == pytest.approx(10.0)
 
 
+def test_paravt_stream_loop_overlaps_like_async_on_one_turn_trajectories():
+    # 64 in flight = 8 groups start at 0 (one round: 10 s); batch 0 = 7 of them trains 10-15 s;
+    # groups start at each round boundary as the gate allows (7 a batch), every round 10 s:
+    # batches end every 10 s, each 1 update old after the first
+    st = run_stream(Setup(7, 1, CONSTANT), max_staleness=1)
+    assert st.ends == pytest.approx([15.0, 25.0, 35.0, 45.0, 55.0, 65.0])
+    assert st.staleness == [0, 1, 1, 1, 1, 1] and st.dropped == 0
+
+
 def _one_long_group(step: int, prompt: int, index: int) -> Rollout:
     """Group i is step i (1 prompt of 1 rollout): group 1 decodes 1,000 tokens, others 10."""
     return Rollout(step, prompt, index, (Turn(0, 0, 1000 if step == 1 else 10, 0),))
 
 
 def test_a_too_stale_streaming_group_is_dropped_and_counted():
-    # max_staleness 1, one group a batch: groups 0 and 1 start under version 0; 0 ends at 0.1 s
-    # and trains (1 s); group 2 starts (version 0 still: the load lands after) and trains at
-    # version 1; publishing version 2 at 2.2 s dooms group 1 (2 - 0 > 1), still decoding
-    # (10 s): dropped, counted once, never trained
+    # each trajectory on its own (no round barrier); max_staleness 1, one group a batch: groups
+    # 0 and 1 start under version 0; 0 ends at 0.1 s and trains (1 s); group 2 starts (version 0
+    # still: the load lands after) and trains at version 1; publishing version 2 at 2.2 s dooms
+    # group 1 (2 - 0 > 1), still decoding (10 s): dropped, counted once, never trained
     p = replace(
         CONSTANT, prompts=1, group=1, decode_base_s=0.01, update_fixed_s=1.0, steps=3, warmup=1
     )
     p = replace(p, train_tokens_per_s=float("inf"))
-    st = run_stream(Setup(1, 1, p, drawer=_one_long_group), max_staleness=1)
+    st = run_stream_per_turn(Setup(1, 1, p, drawer=_one_long_group), max_staleness=1)
     assert st.dropped == 1
     assert max(st.staleness) <= 1
     assert st.ends == pytest.approx([1.1, 2.2, 3.3])

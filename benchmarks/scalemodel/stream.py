@@ -16,6 +16,7 @@ from paravt.rollout.sync.stream_buffer import StreamLimits, StreamScheduler
 
 from .clock import Request, tools_s
 from .modes import Setup, Stats, _record
+from .rounds import Playing, play_round
 from .workload import Rollout, step_rollouts
 
 
@@ -94,13 +95,16 @@ class _Stream:
 
         self.sim.clock.after(seconds, loaded)
 
-    # ---- trainer ------------------------------------------------------------------------
-    def begin_step(self) -> None:
-        doomed = self.sched.publish(self.trainer.version)
+    def abandon(self, doomed: tuple[int, ...]) -> None:
+        """Stop the trajectories of groups dropped while running."""
         names = {r.name for g in doomed for r in self.groups.pop(g)}
         if names:
             for e in self.sim.engines:
                 e.cancel(names)
+
+    # ---- trainer ------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.abandon(self.sched.publish(self.trainer.version))
         self.fill()
         self.waiting = True
         self.try_take()
@@ -125,9 +129,89 @@ class _Stream:
         self.fill()
 
 
-def run_stream(setup: Setup, max_staleness: int, on_sync: str = "continue") -> Stats:
-    """Streaming on `setup`'s servers until `steps` batches are trained."""
+def run_stream_per_turn(setup: Setup, max_staleness: int, on_sync: str = "continue") -> Stats:
+    """Streaming without round barriers: each trajectory's turns go to the servers on their
+    own (what the rollout servers could run), until `steps` batches are trained."""
     s = _Stream(setup, max_staleness, on_sync)
+    s.begin_step()
+    s.sim.clock.run(lambda: len(s.stats.ends) >= s.p.steps)
+    s.stats.dropped = s.sched.dropped
+    return s.stats
+
+
+class _Rounds(_Stream):
+    """`paravt.generator.streaming.serve_stream`: between two rounds, load the newest weights
+    if the scheduler lets, start the groups it admits (each its own `Rounds`), then play ONE
+    round of every group in flight in one engine call and report the trajectories that ended."""
+
+    def __init__(self, setup: Setup, max_staleness: int, on_sync: str):
+        super().__init__(setup, max_staleness, on_sync)
+        self.playing: dict[int, Playing] = {}
+        self.reported: dict[int, int] = {}
+        self.idle = True
+
+    def fill(self) -> None:  # the trainer published: wake the loop if it waits
+        if self.idle:
+            self.loop()
+
+    def maybe_load(self) -> None:  # loads happen in `loop`, between rounds only
+        return
+
+    def abandon(self, doomed: tuple[int, ...]) -> None:  # their round ends, then they are left
+        for g in doomed:
+            self.playing.pop(g, None)
+
+    def loop(self) -> None:
+        sched = self.sched
+        if not (sched.running or sched.may_load() or sched.admissible()):
+            self.idle = True
+            return
+        self.idle = False
+        load = sched.may_load()
+        version = sched.version
+        if load:
+            for e in self.sim.engines:
+                e.load(version, self.setup.sync_s)
+        self.sim.clock.after(self.setup.sync_s if load else 0.0, lambda: self._round(load, version))
+
+    def _round(self, load: bool, version: int) -> None:
+        if load:
+            self.sched.load(version)
+        while self.sched.admissible() > 0:
+            gid = self.next_group
+            self.next_group += 1
+            step, prompt = divmod(gid, self.p.prompts)
+            self.sched.start(gid)
+            groups = [step_rollouts(self.p, step, self.sim.drawer)[prompt]]
+            self.playing[gid], self.reported[gid] = Playing.of(self.sim, step, groups), 0
+        running = [(g, self.playing[g]) for g in list(self.playing) if g in self.sched.running]
+        if not running:
+            self.idle = True
+            return
+        play_round(self.sim, [pl for _, pl in running], lambda: self._settle(running))
+
+    def _settle(self, running: list[tuple[int, Playing]]) -> None:
+        for gid, pl in running:
+            if gid not in self.sched.running:
+                self.playing.pop(gid, None)  # doomed meanwhile
+                continue
+            rollouts = pl.groups[0]
+            ended = (
+                len(rollouts) if pl.done else sum(pl.turn[r.name] == len(r.turns) for r in rollouts)
+            )
+            for _ in range(ended - self.reported[gid] - (ended == len(rollouts))):
+                self.sched.finish(gid)
+            self.reported[gid] = ended
+            if ended == len(rollouts) and self.sched.finish(gid, pl.oldest()):
+                self.done_groups[gid] = rollouts
+                self.playing.pop(gid)
+        self.try_take()
+        self.loop()
+
+
+def run_stream(setup: Setup, max_staleness: int, on_sync: str = "continue") -> Stats:
+    """`rollout.mode=stream` as paravt's generator plays it (rounds), until `steps` batches."""
+    s = _Rounds(setup, max_staleness, on_sync)
     s.begin_step()
     s.sim.clock.run(lambda: len(s.stats.ends) >= s.p.steps)
     s.stats.dropped = s.sched.dropped
