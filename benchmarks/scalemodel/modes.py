@@ -131,19 +131,23 @@ class Generator:
         return self.setup.sync_s
 
     def _next(self) -> None:
+        """The tasks queued now (one, or all with `partial`), then the newest weights, then
+        their play: tasks that arrive during the load wait for the next turn boundary, as
+        `serve_steps` and `serve_partial` take their tasks before loading."""
         if not self.tasks and not self.flight:
             self.busy = False
             return
         self.busy = True
-        self.sim.clock.after(self._load_newest(), self._play)
+        n = len(self.tasks) if self.partial else min(1, len(self.tasks))
+        new = [self.tasks.popleft() for _ in range(n)]
+        self.sim.clock.after(self._load_newest(), lambda: self._play(new))
 
-    def _play(self) -> None:
+    def _play(self, new: list[int]) -> None:
         if not self.partial:
-            run = Playing.of(self.sim, self.tasks.popleft())
+            run = Playing.of(self.sim, new[0])
             play(self.sim, [run], lambda: self._out([run]))
             return
-        while self.tasks:
-            self.flight.append(Playing.of(self.sim, self.tasks.popleft()))
+        self.flight += [Playing.of(self.sim, step) for step in new]
         play_round(self.sim, self.flight, lambda: self._out(self.flight))
 
     def _out(self, runs: list[Playing]) -> None:
