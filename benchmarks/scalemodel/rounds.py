@@ -1,10 +1,11 @@
 """The agent loop's rounds on the stand-ins, as `paravt.agent.loop.AgentLoop` plays them.
 
 A round is ONE engine call for every active trajectory of the steps in play (`advance`): it
-ends when the call's last request ends, then each step's crops run (one step after another,
-each step's in parallel), then the next round. Requests go to the servers by paravt's own
-`Router` (a trajectory stays on its server, a new group goes whole to the least loaded one).
-A trajectory's tokens record the engine's weight version of the round that sampled them.
+ends when the call's last request ends, then the crops of all those steps run in one executor
+round (one `run_many`, as `advance` does), then the next round. Requests go to the servers by
+paravt's own `Router` (a trajectory stays on its server, a new group goes whole to the least
+loaded one). A trajectory's tokens record the engine's weight version of the round that
+sampled them.
 """
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ class _Round:
             url, work = self.work[id(req)]
             self.sim.router.finish(str(url), work)
         self.left -= 1
-        if not self.left:  # the call is over: each step's crops, one step after another
+        if not self.left:  # the call is over: every step's crops in one executor round
             live = [s for s in self.steps if not s.done]
-            seconds = sum(tools_s(self.sim.p, self.crops[id(s)]) for s in live)
+            seconds = tools_s(self.sim.p, [c for s in live for c in self.crops[id(s)]])
             self.sim.clock.after(seconds, self._end)
 
     def _end(self) -> None:

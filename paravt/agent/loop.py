@@ -242,9 +242,10 @@ class AgentLoop:
 
     def advance(self, runs: Sequence[Rounds]) -> None:
         """One agent round of every unfinished run in `runs`, with ONE engine call for all of
-        their active trajectories (partial rollouts merge the rounds of several steps; the call
-        samples with the first run's parameters, each request with its own trajectory's seed
-        stream). Between two calls nothing is in flight: the engine's weights may change there
+        their active trajectories (partial rollouts merge the rounds of several steps, streaming
+        those of the groups in flight; the call samples with the first run's parameters, each
+        request with its own trajectory's seed stream), then ONE executor round for all of their
+        tool calls. Between two calls nothing is in flight: the engine's weights may change there
         (a turn boundary), and every sampled token records the version that sampled it."""
         active = {id(r): r.active(self._fits) for r in runs if not r.done}
         for r in runs:
@@ -257,6 +258,7 @@ class AgentLoop:
         outputs = iter(self._generate(everyone, live[0].turn_params))
         spent = time.perf_counter() - t0
         version = int(getattr(self.engine, "weight_version", 0))
+        turns = []
         for r in live:
             r.timings["generate"] += spent
             with_calls = [
@@ -264,7 +266,9 @@ class AgentLoop:
                 for st in active[id(r)]
                 if (calls := self._take_turn(st, next(outputs)[0], r.round_index, version))
             ]
-            self._run_tools(with_calls, r.round_index, r.params, r.timings)
+            turns.append((r, with_calls))
+        self._run_tools(turns)
+        for r in live:
             r.round_index += 1
             r.done = r.round_index > self.cfg.max_rounds
 
@@ -385,21 +389,34 @@ class AgentLoop:
         return calls
 
     def _run_tools(
+        self, turns: Sequence[tuple[Rounds, Sequence[tuple[_State, tuple[ParsedCall, ...]]]]]
+    ) -> None:
+        """Every run's tool calls of this round in one `run_many` (concurrent across runs as
+        within one: the executor's limits hold for the whole round), each run then given its
+        results under its own round and sampling parameters."""
+        every = [(calls, st.sample.video) for _, with_calls in turns for st, calls in with_calls]
+        if not every or self.cfg.deny_calls:  # denied: no crop runs, a forced answer next
+            for _, with_calls in turns:
+                for st, _ in with_calls:
+                    self._append_responses(st, (), last=True)
+            return
+        t0 = time.perf_counter()
+        results = iter(self.executor.run_many(every))
+        spent = time.perf_counter() - t0
+        for r, with_calls in turns:
+            mine = [next(results) for _ in with_calls]
+            if with_calls:
+                r.timings["tools"] += spent
+                self._deliver(with_calls, mine, r.round_index, r.params, r.timings)
+
+    def _deliver(
         self,
         with_calls: Sequence[tuple[_State, tuple[ParsedCall, ...]]],
+        results: list,
         round_index: int,
         params: SamplingParams,
         timings: dict[str, float],
     ) -> None:
-        if not with_calls:
-            return
-        if self.cfg.deny_calls:  # no crop runs; the next turn is a forced answer
-            for st, _ in with_calls:
-                self._append_responses(st, (), last=True)
-            return
-        t0 = time.perf_counter()
-        results = self.executor.run_many([(calls, st.sample.video) for st, calls in with_calls])
-        timings["tools"] += time.perf_counter() - t0
         if self.cfg.mode == "subagent":
             t0 = time.perf_counter()
             results = self._summarise(with_calls, results, params)

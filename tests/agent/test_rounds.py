@@ -149,3 +149,29 @@ def test_merged_runs_keep_each_trajectorys_own_seed_stream(processor, needle_sam
     # long: 3 turns x G = 2, short: 2 turns x 2; all 10 seeds distinct, the same in both plays
     assert len(engine.seen) == len(alone) == 10 and len({s for _, s in alone}) == 10
     assert sorted(engine.seen) == sorted(alone)
+
+
+def test_the_tool_calls_of_merged_runs_run_in_one_executor_round(processor, needle_samples):
+    """Streaming and partial rollouts merge the rounds of several runs: their crops then run in
+    ONE `run_many` a round (not one per run, which serialises the runs' tools), and every
+    trajectory gets its own results: the same tokens as each run played alone."""
+    long, short = needle_samples[0], needle_samples[1]
+    script = turn_script({long.question: 3, short.question: 2})
+    loop = AgentLoop(
+        VersionedScript(processor.tokenizer, script),
+        ChatRenderer(processor),
+        VideoReader(),
+        AgentConfig(max_rounds=3),
+    )
+    alone = [loop.run([s], [4], 2, GREEDY) for s in (long, short)]
+    rounds_of_tools: list[int] = []  # trajectories whose calls each run_many call received
+    run_many = loop.executor.run_many
+    loop.executor.run_many = lambda turns: rounds_of_tools.append(len(turns)) or run_many(turns)
+    first, second = loop.start([long], [4], 2, GREEDY), loop.start([short], [4], 2, GREEDY)
+    while not (first.done and second.done):
+        loop.advance([first, second])
+    # round 1: both runs' 2 + 2 trajectories call; round 2: only `long`'s 2 call again
+    assert rounds_of_tools == [4, 2]
+    for played, solo in zip((loop.finish(first), loop.finish(second)), alone, strict=True):
+        assert [t.token_ids for t in played] == [t.token_ids for t in solo]
+        assert [len(t.visuals) for t in played] == [len(t.visuals) for t in solo]
