@@ -1,13 +1,14 @@
 """The `badge` needle family: a detail only a zoom can read (experiment=demo_zoom).
 
 Besides the needle square (shown 3 s, readable in any frame that shows it) every video of this
-family carries a small badge in its top-left corner for its whole length: 12 x 12 px of one-pixel
-stripes, horizontal or vertical, faded towards the badge's edges. The question asks for both:
-the square's colour (find it in time: crop_video) and the stripes' direction (look closer:
-zoom). Why the fade: at 32 x 32 px (a 2x downscale, the demo's overview and crop budget) PIL's
-antialiased resize cancels one-pixel stripes exactly inside the badge, and the fade removes what
-its edges would leave, so both badges look alike to within a few grey levels, below the frames'
-noise; a zoom on `ZOOM_BOX` (the badge's 16 x 16 px corner at 32 x 32) shows two-pixel stripes.
+family carries a small badge near its top-left corner for its whole length: 16 x 16 px of
+one-pixel stripes, horizontal or vertical, faded towards the badge's edges. The question asks for
+both: the square's colour (find it in time: crop_video) and the stripes' direction (look closer:
+zoom). The demo's frames are 128 x 128 px and its overview and crops see them at 64 x 64, the
+demo's usual budget. Why the fade: at a 2x downscale PIL's antialiased resize cancels
+one-pixel stripes exactly inside the badge, and the fade removes what its edges would leave, so
+both badges look alike to within a few grey levels, below the frames' noise; a zoom on
+`ZOOM_BOX` (the badge's 32 x 32 px corner, shown at 64 x 64) shows two-pixel stripes.
 
 Options come in a fixed order (square colour, then stripes), the square being one of the
 palette's first two colours: A, B = first colour with horizontal / vertical stripes, C, D = the
@@ -19,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 BADGES = ("horizontal", "vertical")
-BADGE_SIZE = 12  # px, at BADGE_OFFSET from the frame's top-left corner
-BADGE_OFFSET = 2
-ZOOM_BOX = (0, 0, 250, 250)  # the corner the badge is in, Qwen3-VL's 0-1000 coordinates
+BADGE_SIZE = 16  # px, at BADGE_OFFSET from the frame's top-left corner
+BADGE_OFFSET = 4
+ZOOM_BOX = (0, 0, 250, 250)  # the corner quarter holding the badge, Qwen3-VL's 0-1000 grid
 SQUARE_COLOURS = 2  # the square takes one of the palette's first two colours
 
 

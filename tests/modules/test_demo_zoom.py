@@ -72,16 +72,16 @@ def test_each_tool_runs_on_the_mp4s_and_only_the_zoom_shows_the_badge(zoom_run):
     trajs = teacher_trajectories(agent, samples, both)
     for traj, sample in zip(trajs, samples, strict=True):
         results = traj.turns[0].results
-        # two 16 s crops at 0.5 fps (8 frames of 32x32 px), then the zoom (2 frames, 32x32)
+        # two 16 s crops at 0.5 fps (8 frames of 64x64 px), then the zoom (2 frames, 64x64)
         assert [r.name for r in results] == ["crop_video", "crop_video", "zoom"]
         assert all(r.ok for r in results)
-        assert [r.frames.pixels.shape[:3] for r in results] == [(8, 32, 32)] * 2 + [(2, 32, 32)]
+        assert [r.frames.pixels.shape[:3] for r in results] == [(8, 64, 64)] * 2 + [(2, 64, 64)]
         rows, cols = _stripes(results[2].frames)
         # The zoom shows 2 px stripes: across them neighbours differ by ~100 grey levels, along
         # them by a few; which way round is the sample's badge.
         across, along = (rows, cols) if sample.extra["badge"] == "horizontal" else (cols, rows)
         assert across > 4 * along and across > 20
-        # The crops at 32x32 see no stripes: at most a few grey levels either way.
+        # The crops at 64x64 see no stripes: at most a few grey levels either way.
         crop_rows, crop_cols = _stripes(results[0].frames)
         assert max(crop_rows, crop_cols) < 0.5 * across
         reward = run.module.score(traj, sample)
