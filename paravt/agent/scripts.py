@@ -7,9 +7,10 @@ hinted span with as many parallel crops as the crop cap requires (what a good po
 to do); "unhinted" covers the rest of the video instead (a confused searcher); "direct" calls no
 tool and answers from the overview at once. For a sample with a detail to zoom on
 (`extra["zoom_box"]`, the `badge` family): "zoom" calls `zoom` alone on that box over the whole
-video, "both" calls it beside the "search" crops in one turn. "unhinted" and "direct" make an
-imperfect teacher: `teacher_plan` gives each sample one strategy, in exact proportions, so a
-cold start can teach reading the answer off crops while leaving the tool-use decision for RL.
+video, "both" calls it beside the "search" crops in one turn, "oracle" beside its true windows.
+"unhinted" and "direct" make an imperfect teacher: `teacher_plan` gives each sample one
+strategy, in exact proportions, so a cold start can teach reading the answer off crops while
+leaving the tool-use decision for RL.
 It deliberately knows nothing of tokens or models: text in, text out.
 """
 
@@ -48,7 +49,10 @@ def teacher_calls(sample: Sample, strategy: str) -> list[str]:
     """The calls the teacher makes for `sample`, in order: crops, then a zoom if any."""
     crops = [] if strategy == "zoom" else search_windows(sample, strategy)
     calls = [call_text(s, e) for s, e in crops]
-    return calls + ([zoom_text(sample)] if strategy in ("zoom", "both") else [])
+    # the oracle shows all the answer needs: the true windows, and the detail where there is one
+    detail = "zoom_box" in (sample.extra or {})
+    zoom = strategy in ("zoom", "both") or (strategy == "oracle" and detail)
+    return calls + ([zoom_text(sample)] if zoom else [])
 
 
 def search_windows(
