@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from paravt.agent.scripts import teacher_calls
 from paravt.run.build import build_run, maybe_cold_start
 from paravt.run.coldstart import teacher_trajectories
 from paravt.run.summary import summary
@@ -87,6 +88,10 @@ def test_each_tool_runs_on_the_mp4s_and_only_the_zoom_shows_the_badge(zoom_run):
         reward = run.module.score(traj, sample)
         # both tools' calls earn R_tool (reward.rewarded_tools=null: every tool of the toolbox)
         assert reward.tool >= 0.4  # 0.1 for a call + 0.3 for a response, before any bonus
+    # The oracle (the cold start's first steps) shows all the answer needs: a crop around the
+    # square's true window, then the zoom on the badge's corner (clean labels for both).
+    oracle = teacher_calls(samples[0], "oracle")
+    assert len(oracle) == 2 and '"crop_video"' in oracle[0] and '"zoom"' in oracle[1]
     from paravt.rl.tool_metrics import tool_metrics
 
     metrics = tool_metrics(trajs)
