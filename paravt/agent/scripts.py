@@ -5,10 +5,13 @@ first turn it thinks briefly and calls `crop_video` in parallel; after the tool 
 answers. Strategies: "oracle" crops around the ground-truth windows; "search" covers the question's
 hinted span with as many parallel crops as the crop cap requires (what a good policy should learn
 to do); "unhinted" covers the rest of the video instead (a confused searcher); "direct" calls no
-tool and answers from the overview at once. The last two make an imperfect teacher: `teacher_plan`
-gives each sample one strategy, in exact proportions, so a cold start can teach reading the
-answer off crops while leaving the tool-use decision for RL. It deliberately knows nothing of
-tokens or models: text in, text out.
+tool and answers from the overview at once. For a sample with a detail to zoom on
+(`extra["zoom_box"]`, the `badge` family): "zoom" calls `zoom` alone on that box over the whole
+video, "both" calls it beside the "search" crops in one turn, "oracle" beside its true windows.
+"unhinted" and "direct" make an imperfect teacher: `teacher_plan` gives each sample one
+strategy, in exact proportions, so a cold start can teach reading the answer off crops while
+leaving the tool-use decision for RL.
+It deliberately knows nothing of tokens or models: text in, text out.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from paravt.types import Sample
 
-STRATEGIES = ("oracle", "search", "unhinted", "direct")
+STRATEGIES = ("oracle", "search", "unhinted", "direct", "zoom", "both")
 # The first words differ, so the tool-use decision is the first token the policy writes.
 TOOL_THOUGHT = "The frames are too sparse; crop the candidate windows."
 DIRECT_THOUGHT = "Enough: the overview frames show the answer."
@@ -31,14 +34,36 @@ def call_text(start: float, end: float) -> str:
     return "<tool_call>" + json.dumps({"name": "crop_video", "arguments": args}) + "</tool_call>"
 
 
+def zoom_text(sample: Sample) -> str:
+    """A `zoom` call on the sample's `zoom_box` over its whole video."""
+    box = sample.extra.get("zoom_box") if sample.extra else None
+    if box is None:
+        raise ValueError(f"sample {sample.id!r} has no zoom_box: strategies zoom/both need one")
+    duration = float(sample.extra.get("duration", 64.0))
+    args = {"video_path": "video.mp4", "start_time": 0.0, "end_time": round(duration, 1)}
+    args["bbox_2d"] = list(box)
+    return "<tool_call>" + json.dumps({"name": "zoom", "arguments": args}) + "</tool_call>"
+
+
+def teacher_calls(sample: Sample, strategy: str) -> list[str]:
+    """The calls the teacher makes for `sample`, in order: crops, then a zoom if any."""
+    crops = [] if strategy == "zoom" else search_windows(sample, strategy)
+    calls = [call_text(s, e) for s, e in crops]
+    # the oracle shows all the answer needs: the true windows, and the detail where there is one
+    detail = "zoom_box" in (sample.extra or {})
+    zoom = strategy in ("zoom", "both") or (strategy == "oracle" and detail)
+    return calls + ([zoom_text(sample)] if zoom else [])
+
+
 def search_windows(
     sample: Sample, strategy: str, max_span: float = 16.0, margin: float = 1.0
 ) -> list[tuple[float, float]]:
     """The windows the teacher crops for `sample`."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown teacher strategy {strategy!r}: choose one of {STRATEGIES}")
-    if strategy == "direct":
+    if strategy in ("direct", "zoom"):
         return []
+    strategy = "search" if strategy == "both" else strategy
     if strategy == "oracle" and sample.windows:
         return [(max(0.0, s - margin), e + margin) for s, e in sample.windows]
     duration = float(sample.extra.get("duration", 64.0))
@@ -135,14 +160,14 @@ def needle_teacher(
         if sample_id is None:
             return "I cannot tell.</think>\n<answer>A</answer>"
         sample = by_id[sample_id]
-        windows = search_windows(sample, plan.get(sample_id, strategy))
-        if not windows:
+        planned = teacher_calls(sample, plan.get(sample_id, strategy))
+        if not planned:
             return f"{DIRECT_THOUGHT}</think>\n<answer>{sample.answer}</answer>"
         answered = context.count("<tool_response>")
-        # parallel: every window in the first turn; sequential: the next window per turn
-        todo = windows[answered:] if calls_per_turn else ([] if answered else windows)
+        # parallel: every call in the first turn; sequential: the next call per turn
+        todo = planned[answered:] if calls_per_turn else ([] if answered else planned)
         if todo:
-            calls = "\n".join(call_text(s, e) for s, e in todo[: calls_per_turn or len(todo)])
+            calls = "\n".join(todo[: calls_per_turn or len(todo)])
             return f"{TOOL_THOUGHT}</think>\n{calls}"
         return f"The crops show the answer.</think>\n<answer>{sample.answer}</answer>"
 

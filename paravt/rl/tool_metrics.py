@@ -6,6 +6,8 @@ latency and frames returned, one set of keys per tool that was called.
     tool/<tool>/timeouts     share of its calls that ran past the tool's timeout
     tool/<tool>/latency_s    mean seconds a call of it ran (calls that reached the tool)
     tool/<tool>/frames       mean frames per successful result (0 for a text tool)
+    tools/mixed              share of rollouts calling more than one tool (only once more
+                             than one tool was called: whether a policy combines its tools)
 
 A call the parser could not read has no tool name and counts in kappa only.
 """
@@ -22,11 +24,13 @@ def tool_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """The per-tool keys above over `trajs` (empty when no tool was called)."""
     results: dict[str, list[ToolResult]] = defaultdict(list)
     calls: dict[str, int] = defaultdict(int)
+    mixed = 0
     for traj in trajs:
+        names = [p.call.name for turn in traj.turns for p in turn.calls if p.call is not None]
+        mixed += len(set(names)) > 1
+        for name in names:
+            calls[name] += 1
         for turn in traj.turns:
-            for parsed in turn.calls:
-                if parsed.call is not None:
-                    calls[parsed.call.name] += 1
             for result in turn.results:
                 if result.name:
                     results[result.name].append(result)
@@ -42,4 +46,6 @@ def tool_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out[f"tool/{name}/latency_s"] = sum(ran) / max(len(ran), 1)
         frames = sum(len(r.frames.indices) for r in good if r.frames is not None)
         out[f"tool/{name}/frames"] = frames / max(len(good), 1)
+    if len(calls) > 1:
+        out["tools/mixed"] = mixed / n
     return out

@@ -1,8 +1,10 @@
 """Held-out evaluation per frame budget and the before/after table of a run.
 
 `budget_eval` runs the policy greedily on the same held-out samples at each overview budget K
-(accuracy, f_tau, kappa, and the standard error of the accuracy); `before_after_table` lays two
-such measurements side by side. Pure formatting apart from `budget_eval`'s rollouts.
+(accuracy, f_tau, kappa, the standard error of the accuracy and, with more than one tool, the
+share of samples calling each tool and all of them); `before_after_table` and
+`tool_share_table` lay two such measurements side by side. Pure formatting apart from
+`budget_eval`'s rollouts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class BudgetResult:
     accuracy: float
     f_tau: float
     kappa: float  # tool calls per trajectory
+    # With more than one tool: (tool, share of samples that called it) per tool in toolbox
+    # order, then ("all", share that called every tool); () with one tool.
+    tool_shares: tuple[tuple[str, float], ...] = ()
 
     @property
     def stderr(self) -> float:
@@ -40,6 +45,7 @@ def budget_eval(
     """Run `agent` greedily on `samples` at every budget with `module.policy`'s current weights
     (the engine is synced first: `greedy_rollouts`); score them with `module.score`."""
     out = []
+    names = list(agent.executor.tools) if len(agent.executor.tools) > 1 else []
     was_training = module.policy.training
     module.policy.eval()
     for k in budgets:
@@ -60,10 +66,24 @@ def budget_eval(
                 accuracy=sum(r.accuracy for r in rewards) / n,
                 f_tau=sum(format_compliance(r) for r in rewards) / n,
                 kappa=sum(t.num_calls for t in trajs) / n,
+                tool_shares=tool_shares(trajs, names),
             )
         )
     module.policy.train(was_training)
     return out
+
+
+def tool_shares(trajs: Sequence, names: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """(tool, share of `trajs` with a call of it) per name, then ("all", share calling every
+    name); () for no names. A call counts once it parsed, whatever its result."""
+    if not names:
+        return ()
+    called = [
+        {p.call.name for turn in t.turns for p in turn.calls if p.call is not None} for t in trajs
+    ]
+    n = max(len(trajs), 1)
+    shares = [(name, sum(name in c for c in called) / n) for name in names]
+    return (*shares, ("all", sum(set(names) <= c for c in called) / n))
 
 
 def pooled(results: Sequence[BudgetResult]) -> BudgetResult:
@@ -73,7 +93,12 @@ def pooled(results: Sequence[BudgetResult]) -> BudgetResult:
     def mean(attr: str) -> float:
         return sum(getattr(r, attr) * r.samples for r in results) / max(n, 1)
 
-    return BudgetResult(0, n, mean("accuracy"), mean("f_tau"), mean("kappa"))
+    names = [name for name, _ in results[0].tool_shares] if results else []
+    shares = tuple(
+        (name, sum(dict(r.tool_shares)[name] * r.samples for r in results) / max(n, 1))
+        for name in names
+    )
+    return BudgetResult(0, n, mean("accuracy"), mean("f_tau"), mean("kappa"), shares)
 
 
 def before_after_table(
@@ -97,6 +122,32 @@ def before_after_table(
             else:
                 acc = f"{r.accuracy:.3f} ({r.stderr:.3f}, n={r.samples})"
                 text += f" | {acc:>24} {r.f_tau:5.3f} {r.kappa:5.2f}"
+        lines.append(text)
+    return lines
+
+
+def tool_share_table(columns: Mapping[str, Sequence[BudgetResult]]) -> list[str]:
+    """Rows `budget | share of samples calling each tool, and all of them` per named column;
+    [] when the results hold no shares (a toolbox of one tool)."""
+    names = list(columns)
+    first = next((r for n in names for r in columns[n]), None)
+    if first is None or not first.tool_shares:
+        return []
+    tools = [name for name, _ in first.tool_shares]
+    width = max(len(t) for t in tools)
+    cells = " ".join(f"{t:>{width}}" for t in tools)
+    lines = ["  budget" + "".join(f" | {n}: {cells}" for n in names)]
+    by_budget = [{r.budget: r for r in columns[n]} for n in names]
+    budgets = sorted({k for col in by_budget for k in col})
+    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
+    rows.append(("all", [pooled(columns[n]) if columns[n] else None for n in names]))
+    for label, results in rows:
+        text = f"  {label:<6}"
+        for name, r in zip(names, results, strict=True):
+            shares = dict(r.tool_shares) if r is not None else {}
+            text += f" | {' ' * len(name)}  " + " ".join(
+                f"{shares[t]:>{width}.3f}" if t in shares else f"{'-':>{width}}" for t in tools
+            )
         lines.append(text)
     return lines
 

@@ -58,7 +58,7 @@ def _before_after_lines(module, agent, cold) -> list[str]:
         return []
     import time
 
-    from paravt.run.report import before_after_table, budget_eval, gain_line
+    from paravt.run.report import before_after_table, budget_eval, gain_line, tool_share_table
 
     t0 = time.perf_counter()
     before = list(cold.budget_before)
@@ -66,6 +66,10 @@ def _before_after_lines(module, agent, cold) -> list[str]:
     lines = ["held-out per frame budget (greedy; before = after the cold start, after = after RL):"]
     lines += before_after_table({"before": before, "after": after})
     lines.append(gain_line(before, after))
+    shares = tool_share_table({"before": before, "after": after})
+    if shares:
+        lines.append("held-out share of samples calling each tool (all: every tool; greedy):")
+        lines += shares
     seconds = time.perf_counter() - t0 + cold.report_seconds
     lines.append(f"wall time: per-budget evaluations {seconds:.0f} s")
     return lines

@@ -7,6 +7,8 @@ of a different kind. Three question families:
     color   (mcq)  "What colour is the square that appears in the second half of the video?"
     order   (mcq)  "Which appears first ...: the red square or the blue circle?"
     ground  (tvg)  "When does the red square appear ...?"  ->  "[12.0, 15.0]"
+    badge   (mcq)  "What colour is the square ..., and which way do the stripes of the small
+                   badge in the top-left corner run?" (paravt.video.detail: needs a zoom)
 Rows follow the RL data schema (docs/method.md section 8) with video paths relative to the data
 file.
 
@@ -39,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt.progress import track
+from paravt.video import detail
 from paravt.video.writer import write_video
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -66,7 +69,7 @@ SHAPES: dict[str, Callable[[np.ndarray, np.ndarray, int], np.ndarray]] = {
     "circle": lambda y, x, s: (x - (s - 1) / 2) ** 2 + (y - (s - 1) / 2) ** 2 <= (s / 2) ** 2,
     "triangle": lambda y, x, s: np.abs(x - (s - 1) / 2) <= (y + 1) / 2,  # apex up
 }
-TARGETS_PER_FAMILY: dict[str, int] = {"color": 1, "order": 2, "ground": 1}
+TARGETS_PER_FAMILY: dict[str, int] = {"color": 1, "order": 2, "ground": 1, "badge": 1}
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class _Scene:
     hint: str
     fps: float
     shuffle: bool = True
+    badge: str = ""  # the corner badge's stripes (family `badge` only)
 
 
 def _color_question(rng: np.random.Generator, scene: _Scene) -> _Question:
@@ -232,16 +236,27 @@ def _ground_question(rng: np.random.Generator, scene: _Scene) -> _Question:
     return _Question(text, f"[{start}, {end}]", "tvg")
 
 
+def _badge_question(rng: np.random.Generator, scene: _Scene) -> _Question:
+    needle = scene.targets[0]
+    options = detail.badge_options(scene.palette, needle.shape)
+    answer = options.index(f"{needle.color} {needle.shape}, {scene.badge} stripes")
+    text = detail.badge_text(needle.shape)
+    return _Question(text + _options_block(options), LETTERS[answer], "mcq", tuple(options))
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, _Scene], _Question]] = {
     "color": _color_question,
     "order": _order_question,
     "ground": _ground_question,
+    "badge": _badge_question,
 }
 
 
 def _kinds(rng: np.random.Generator, family: str, cfg: NeedleConfig) -> list[tuple[str, str, bool]]:
     """(colour, shape, is_target) of every needle: distinct-colour targets, then distractors."""
     palette, shapes = list(dict.fromkeys(cfg.palette)), list(dict.fromkeys(cfg.shapes))
+    if family == "badge":
+        palette = palette[: detail.SQUARE_COLOURS]
     count = TARGETS_PER_FAMILY[family]
     colours = [palette[i] for i in rng.permutation(len(palette))[:count]]
     targets = [(c, shapes[int(rng.integers(len(shapes)))]) for c in colours]
@@ -293,7 +308,9 @@ def _plan(cfg: NeedleConfig, split: str, index: int) -> tuple[dict, list[Needle]
         needles.append(Needle(colour, shape, start, start + length, x, y, size, is_target))
     targets = tuple(n for n in needles if n.target)
     others = tuple(n for n in needles if not n.target)
-    scene = _Scene(targets, others, tuple(cfg.palette), hint, cfg.fps, cfg.shuffle_options)
+    badge = detail.BADGES[int(rng.integers(len(detail.BADGES)))] if family == "badge" else ""
+    palette = tuple(cfg.palette)
+    scene = _Scene(targets, others, palette, hint, cfg.fps, cfg.shuffle_options, badge)
     question = FAMILIES[family](rng, scene)
     sample_id = f"needle-{split}-{index:05d}"
     row = {
@@ -313,6 +330,8 @@ def _plan(cfg: NeedleConfig, split: str, index: int) -> tuple[dict, list[Needle]
             "needles": [n.to_row(cfg.fps) for n in needles],
         },
     }
+    if badge:
+        row["extra_info"] |= {"badge": badge, "zoom_box": list(detail.ZOOM_BOX)}
     return row, needles
 
 
@@ -334,8 +353,10 @@ def render_frames(
     width: int,
     height: int,
     seed: Sequence[int],
+    badge: str = "",
 ) -> Iterator[np.ndarray]:
-    """Frames [H, W, 3] uint8: drifting grey level and gradient, mild noise, needles on top."""
+    """Frames [H, W, 3] uint8: drifting grey level and gradient, mild noise, needles on top,
+    and the corner badge (`badge`: its stripes' direction; "" for none) over everything."""
     rng = np.random.default_rng(list(seed))
     phase = rng.uniform(0, 2 * math.pi)
     columns = np.arange(width) / width
@@ -354,6 +375,8 @@ def render_frames(
         for n, mask in masks.items():
             if n.start <= f < n.stop:
                 frame[n.y : n.y + n.size, n.x : n.x + n.size][mask] = PALETTE[n.color]
+        if badge:
+            detail.draw_badge(frame, badge)
         yield frame
 
 
@@ -372,6 +395,7 @@ def generate(cfg: NeedleConfig, out_dir: str | Path) -> dict[str, Path]:
                 cfg.width,
                 cfg.height,
                 seed=(cfg.seed, SPLIT_STREAMS[split], index, 1),  # the background's own stream
+                badge=row["extra_info"].get("badge", ""),
             )
             write_video(out / row["videos"][0]["video"], frames, cfg.fps)
             rows.append(row)

@@ -67,6 +67,8 @@ def test_per_tool_kappa_errors_timeouts_latency_and_frames():
     assert m["tool/crop_video/latency_s"] == pytest.approx(10.1)
     assert m["tool/crop_video/frames"] == 4.0 and m["tool/zoom/frames"] == 2.0
     assert m["tool/zoom/errors"] == 0.0
+    assert m["tools/mixed"] == 0.5  # the first rollout called two tools, the second one
+    assert "tools/mixed" not in tool_metrics(trajs[1:])  # crop_video alone: nothing to mix
     rewards = [trajectory_reward(t, SAMPLE) for t in trajs]
     overall = rollout_metrics(trajs, rewards)
     assert overall["kappa"] == 2.0 == overall["kappa/crop_video"] + overall["kappa/zoom"]

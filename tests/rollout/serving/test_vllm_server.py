@@ -134,6 +134,24 @@ def test_an_agent_program_through_the_gateway_gives_the_agent_loops_rollouts(
     assert_parity(ours, theirs, model, processor, SAMPLED.temperature)
 
 
+def test_a_turn_of_mixed_tool_results_continues_as_on_transformers(
+    tool_caller, remote, needle_samples
+):
+    """Issue 53's parity on the server engine: the context after one turn calling crop_video,
+    zoom, an image tool and a text tool (three clips and a text) continues with the transformers
+    engine's greedy tokens and log-probs (before the weight sync: the caller's own weights)."""
+    from paravt.rollout import build_engine
+    from tests.rollout.test_vllm_toolbox import mixed_context
+
+    model, processor = tool_caller
+    request = mixed_context(processor, needle_samples[0])
+    params = SamplingParams(greedy=True, max_new_tokens=24)
+    (ref,) = build_engine("hf", model, processor).generate([request], params)
+    (got,) = remote.generate([request], params)
+    assert got[0].token_ids == ref[0].token_ids
+    assert np.allclose(got[0].logprobs, ref[0].logprobs, atol=1e-4)
+
+
 def test_after_a_weight_sync_they_still_do_and_the_old_weights_no_longer_fit(
     tool_caller, server, remote, local, updated, needle_samples
 ):
