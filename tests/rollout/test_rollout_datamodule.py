@@ -102,7 +102,7 @@ def test_partial_rollouts_are_refused_outside_async_mode():
         ({"partial": True}, r"mode='stream', which resumes them by itself"),
         ({"max_concurrent": 4}, r"max_concurrent=4 cannot hold one group of .*group_size=8"),
         ({"on_sync": "wait"}, r"rollout\.on_sync must be one of \('continue', 'drain'\)"),
-        ({"agent_program": "m:f"}, r"agent_program runs in rollout\.mode=sync"),
+        ({"agent_program": "m:f"}, r"each episode whole: set rollout\.mode=async or sync"),
     ],
 )
 def test_stream_mode_refuses_what_cannot_work_at_config_time(keys, match):
