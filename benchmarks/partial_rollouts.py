@@ -92,8 +92,8 @@ def scripted_main(*args) -> None:
 
     build = async_worker._build
 
-    def scripted_build(spec, weights, device="cpu"):
-        model, engine, agent = build(spec, weights, device)
+    def scripted_build(spec, weights, device="cpu", stack=None):
+        model, engine, agent = build(spec, weights, device, stack)
         agent.engine = TurnScript(engine, agent.tokenizer)
         return model, agent.engine, agent
 
