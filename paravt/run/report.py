@@ -110,10 +110,7 @@ def before_after_table(
         f" | {n + ': accuracy (se)':>24} {'f_tau':>5} {'kappa':>5}" for n in names
     )
     lines = [head]
-    by_budget = [{r.budget: r for r in columns[n]} for n in names]
-    budgets = sorted({k for col in by_budget for k in col})
-    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
-    rows.append(("all", [pooled(columns[n]) if columns[n] else None for n in names]))
+    rows = budget_rows(columns)
     for label, cells in rows:
         text = f"  {label:<6}"
         for r in cells:
@@ -124,6 +121,18 @@ def before_after_table(
                 text += f" | {acc:>24} {r.f_tau:5.3f} {r.kappa:5.2f}"
         lines.append(text)
     return lines
+
+
+def budget_rows(
+    columns: Mapping[str, Sequence[BudgetResult]],
+) -> list[tuple[str, list[BudgetResult | None]]]:
+    """(label, each column's result or None) for every budget any column has, then "all"
+    (each column pooled over its budgets)."""
+    by_budget = [{r.budget: r for r in results} for results in columns.values()]
+    budgets = sorted({k for col in by_budget for k in col})
+    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
+    rows.append(("all", [pooled(results) if results else None for results in columns.values()]))
+    return rows
 
 
 def tool_share_table(columns: Mapping[str, Sequence[BudgetResult]]) -> list[str]:
@@ -137,10 +146,7 @@ def tool_share_table(columns: Mapping[str, Sequence[BudgetResult]]) -> list[str]
     width = max(len(t) for t in tools)
     cells = " ".join(f"{t:>{width}}" for t in tools)
     lines = ["  budget" + "".join(f" | {n}: {cells}" for n in names)]
-    by_budget = [{r.budget: r for r in columns[n]} for n in names]
-    budgets = sorted({k for col in by_budget for k in col})
-    rows = [(f"K={k}", [col.get(k) for col in by_budget]) for k in budgets]
-    rows.append(("all", [pooled(columns[n]) if columns[n] else None for n in names]))
+    rows = budget_rows(columns)
     for label, results in rows:
         text = f"  {label:<6}"
         for name, r in zip(names, results, strict=True):
