@@ -33,6 +33,12 @@ VPIP := $(VPY) -m pip -qq --disable-pip-version-check --no-input
 # vLLM's CPU backend: no core binding (2 shared cores), 1 GiB KV cache, in-process engine core.
 VLLM_ENV := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
 	VLLM_ENABLE_V1_MULTIPROCESSING=0
+# vLLM compiles its sampler with Inductor, whose on-disk cache does not tell PyTorch's CPU
+# capabilities apart: kernels cached natively fail to build under ATEN_CPU_CAPABILITY=default
+# ("'at::vec' has not been declared"), so a run under another capability gets a cache of its own.
+ifdef ATEN_CPU_CAPABILITY
+VLLM_ENV += TORCHINDUCTOR_CACHE_DIR=$(or $(TMPDIR),/tmp)/torchinductor-$(ATEN_CPU_CAPABILITY)-$(shell id -u)
+endif
 
 .PHONY: test test-vllm lint install venv-vllm demo lmms-eval-ref
 
