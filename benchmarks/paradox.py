@@ -1,6 +1,6 @@
 """The Tool Prior Paradox end to end: the pre-RL diagnostic, then the arms, then the report.
 
-For each seed: composes `experiment=demo_prior_paragrpo seed=N`, builds the run and its tool
+For each seed: composes `experiment=demo_prior_<--arm> seed=N` (default paragrpo), builds the run and its tool
 prior and cold start (or loads them from artifacts/prior_cache, where every arm of the seed
 finds them), and prints the pre-RL diagnostic (`paravt.run.prior_diagnostic`: 32 prompts x G=4
 at K=2 and K=16 at the sampling temperature, tool / no-tool share, accuracy, no-answer and
@@ -9,6 +9,7 @@ arm (`python train.py experiment=demo_prior_<arm> seed=N`, one after another: th
 artifacts/needle_demo) and prints `paravt paradox-report` over the runs.
 
     python benchmarks/paradox.py [--seeds 0 1 2] [--arms grpo paragrpo ...] [--diagnostic-only]
+                                 [--arm grpo]
                                  [--prompts 32] [--group 4] [--budgets 2 16] [-- OVERRIDES...]
 """
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = tuple(arm for _, arms in GROUPS for arm, *_ in arms)  # the factorial (docs/paradox.md)
 
 
-def compose(seed: int, overrides: list[str], run_dir: str):
+def compose(seed: int, overrides: list[str], run_dir: str, arm: str = "paragrpo"):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -36,7 +37,7 @@ def compose(seed: int, overrides: list[str], run_dir: str):
         return hydra_compose(
             "train",
             overrides=[
-                "experiment=demo_prior_paragrpo",
+                f"experiment=demo_prior_{arm}",
                 f"seed={seed}",
                 f"run_dir={run_dir}",
                 "logger=csv",
@@ -53,7 +54,7 @@ def diagnose(seed: int, args: argparse.Namespace) -> None:
     from paravt.run.prior_diagnostic import diagnostic_table, run_diagnostic
 
     with tempfile.TemporaryDirectory(prefix="paradox-diagnostic-") as run_dir:
-        cfg = compose(seed, args.overrides, run_dir)
+        cfg = compose(seed, args.overrides, run_dir, args.arm)
         started = time.perf_counter()
         run = maybe_cold_start(cfg, build_run(cfg))
         prior_s = time.perf_counter() - started
@@ -72,7 +73,7 @@ def diagnose(seed: int, args: argparse.Namespace) -> None:
         )
     took = time.perf_counter() - started - prior_s
     print(
-        f"\npre-RL diagnostic, seed {seed} (prior and cold start {prior_s:.0f} s, diagnostic "
+        f"\npre-RL diagnostic, seed {seed}, {args.arm}'s agent (prior and cold start {prior_s:.0f} s, diagnostic "
         f"{took:.0f} s; {args.prompts} held-out prompts x G={args.group} at "
         f"T={cfg.rollout.temperature}):\n{diagnostic_table(rows)}\n",
         flush=True,
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     p.add_argument("--diagnostic-only", action="store_true", help="no RL: the diagnostic only")
+    p.add_argument(
+        "--arm",
+        choices=ARMS,
+        default="paragrpo",
+        help="whose RL agent (prompt, dialect) samples the diagnostic; grpo: the vanilla prompt",
+    )
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--budgets", type=int, nargs="+", default=[2, 16])

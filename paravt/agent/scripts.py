@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from paravt.agent.prompts import FORCED_THINK
 from paravt.types import Sample
 
 STRATEGIES = ("oracle", "search", "unhinted", "direct", "zoom", "both")
@@ -122,6 +123,16 @@ def distinct_question_batches(samples: Sequence[Sample]) -> list[list[int]]:
         batches[slot].append(i)
         seen[slot].add(s.question)
     return batches
+
+
+def opened(respond: Callable[[str], str], force_think: bool) -> Callable[[str], str]:
+    """`respond` for an agent whose prompt does or does not force the `<think>` prefix. The
+    teacher's turns are written after the prefix the loop forces at every assistant turn;
+    without it, each turn opens the thought itself, so that a model trained on the traces writes
+    what the prefix would have supplied."""
+    if force_think:
+        return respond
+    return lambda context: FORCED_THINK + respond(context)
 
 
 def needle_teacher(

@@ -115,7 +115,7 @@ def teacher_rows(
     (`distinct_question_batches`): the teacher recognises a context by its question."""
     from paravt.agent.loop import AgentLoop
     from paravt.agent.render import ChatRenderer
-    from paravt.agent.scripts import distinct_question_batches, needle_teacher
+    from paravt.agent.scripts import distinct_question_batches, needle_teacher, opened
     from paravt.rollout.engine import SamplingParams
     from paravt.rollout.engines.scripted import ScriptedEngine
     from paravt.video.reader import VideoReader
@@ -127,7 +127,8 @@ def teacher_rows(
     trajs: list[Trajectory | None] = [None] * len(samples)
     for batch in distinct_question_batches(samples):
         part = [samples[i] for i in batch]
-        engine = ScriptedEngine(processor.tokenizer, needle_teacher(part, strategy))
+        respond = opened(needle_teacher(part, strategy), agent.force_think)
+        engine = ScriptedEngine(processor.tokenizer, respond)
         loop = AgentLoop(engine, renderer, source, agent, crop)
         traced = loop.run(part, [ks[i] for i in batch], 1, SamplingParams(greedy=True))
         for i, traj in zip(batch, traced, strict=True):

@@ -24,7 +24,12 @@ from functools import partial
 import torch
 
 from paravt.agent.loop import AgentLoop
-from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
+from paravt.agent.scripts import (
+    distinct_question_batches,
+    needle_teacher,
+    opened,
+    teacher_plan,
+)
 from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
@@ -125,7 +130,7 @@ def teacher_trajectories(
     for batch in track(batches, desc=desc):
         part = [samples[i] for i in batch]
         per_turn = agent.crop.max_calls_per_turn  # the loop's cap: 1 is sequential dispatch
-        respond = needle_teacher(part, cfg.strategy, plan, per_turn)
+        respond = opened(needle_teacher(part, cfg.strategy, plan, per_turn), agent.cfg.force_think)
         engine = ScriptedEngine(agent.tokenizer, respond)
         tools = list(agent.executor.tools.values())  # the RL prompt's toolbox
         teacher = AgentLoop(

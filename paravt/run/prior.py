@@ -14,10 +14,12 @@ The short cold start on the project's `<tool_call>` format then runs on top of i
 (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
 experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
 
-Both stages run with the forced `<think>` prefix (`STAGE_AGENT`) whatever the arm's RL agent
-does, so that an arm that turns it off in RL (vanilla GRPO, as the reference's vanilla recipe)
-still starts from the same checkpoint as the others; the RL-only agent fields are left out of
-the cache key (`stage_key`).
+Whether the stages force the `<think>` prefix is `stage_think`'s choice, whatever the arm's RL
+agent does: "forced" (the prefix at every turn) and "written" (never: the teacher
+opens each thought itself, `paravt.agent.scripts.opened`, as the paper's SFT data does) give every
+arm of a seed one checkpoint; "rl" follows the RL agent's `force_think`, a cold start matched to
+the prompt RL trains under. The cache key holds the stages' effective choice (forced or written)
+and leaves the RL-only agent fields out (`stage_key`), so arms that start alike share one entry.
 
 `prior_then_cold_start` caches the policy after both stages under `cache_dir/<key>`, the key a
 hash of every config that shapes them (model, prior, cold start, data, agent, crop), so the arms
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from paravt.agent.loop import AgentLoop
-from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
+from paravt.agent.scripts import distinct_question_batches, needle_teacher, opened, teacher_plan
 from paravt.rl.metrics import PRIOR_TAG
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.engines.scripted import ScriptedEngine
@@ -51,12 +53,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when the stages change what they train
-# Agent fields both stages pin (RL may set them otherwise): forced think, and the dialect each
-# stage reads `<tool_code>` in (the prior runs its own calls; the cold start answers them with
-# the RL dialect's error).
-STAGE_AGENT = {"force_think": True}
+# Agent fields the stages set themselves (RL may set them otherwise): forced think
+# (`stage_think`), and the dialect each stage reads `<tool_code>` in (the prior runs its own
+# calls; the cold start answers them with the RL dialect's error).
 PRIOR_DIALECT, COLD_START_DIALECT = "lines", "tool_call"
 RL_ONLY_AGENT_FIELDS = ("force_think", "tool_dialect")
+STAGE_THINK = ("forced", "written", "rl")
 _CALL_RE = re.compile(r"<tool_call>(\{.*?\})</tool_call>", re.DOTALL)
 PRIOR_THOUGHT = "Let me look closer at the video first."
 
@@ -80,8 +82,15 @@ class PriorConfig:
     min_lr_ratio: float = 1.0
     seed: int = 0
     cache_dir: str = "artifacts/prior_cache"
+    # Do both stages force the `<think>` prefix? "forced" | "written" (the model writes it) |
+    # "rl" (as the RL agent's `force_think`)
+    stage_think: str = "forced"
 
     def __post_init__(self) -> None:
+        if self.stage_think not in STAGE_THINK:
+            raise ValueError(
+                f"prior.stage_think must be one of {STAGE_THINK}, got {self.stage_think!r}"
+            )
         if self.steps < 0 or not 0.0 <= self.tool_share <= 1.0:
             raise ValueError(
                 f"prior.steps must be >= 0 and prior.tool_share in [0, 1], got steps="
@@ -98,6 +107,10 @@ class PriorConfig:
                 "set prior.oracle_steps=0 for a prior without tools"
             )
 
+    def forces_think(self, rl_force_think: bool) -> bool:
+        """Whether the stages force the `<think>` prefix, for an RL agent forcing it or not."""
+        return self.stage_think == "forced" or (self.stage_think == "rl" and rl_force_think)
+
 
 def prior_dialect(text: str) -> str:
     """The prior's version of one teacher turn: each `<tool_call>` JSON call becomes a line
@@ -113,11 +126,14 @@ def prior_dialect(text: str) -> str:
     return f"{PRIOR_THOUGHT}</think>\n{PRIOR_TAG}\n" + "\n".join(calls) + "\n</tool_code>"
 
 
-def prior_teacher(samples: Sequence[Sample], plan: dict[str, str]) -> Callable[[str], str]:
+def prior_teacher(
+    samples: Sequence[Sample], plan: dict[str, str], force_think: bool = True
+) -> Callable[[str], str]:
     """The needle teacher with its tool turns rewritten into the prior's dialect; traced with
-    the "lines" dialect, its calls run and it answers after their crops."""
+    the "lines" dialect, its calls run and it answers after their crops. `force_think`: whether
+    the prompt supplies the `<think>` prefix (else the first turn opens it, `opened`)."""
     respond = needle_teacher(samples, "search", plan)
-    return lambda context: prior_dialect(respond(context))
+    return opened(lambda context: prior_dialect(respond(context)), force_think)
 
 
 def prior_trajectories(
@@ -129,11 +145,11 @@ def prior_trajectories(
     budgets = [cfg.frame_budgets[i % len(cfg.frame_budgets)] for i in range(len(samples))]
     mix = {"oracle": 1.0} if oracle else {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
     plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
-    stage = stage_agent(agent, PRIOR_DIALECT)
+    stage = stage_agent(agent, PRIOR_DIALECT, cfg.forces_think(agent.cfg.force_think))
     out: list[Trajectory] = []
     for group in distinct_question_batches(samples):
         part = [samples[i] for i in group]
-        engine = ScriptedEngine(agent.tokenizer, prior_teacher(part, plan))
+        engine = ScriptedEngine(agent.tokenizer, prior_teacher(part, plan, stage.cfg.force_think))
         tools = list(agent.executor.tools.values())  # the RL prompt's toolbox
         teacher = AgentLoop(
             engine, agent.renderer, agent.source, stage.cfg, agent.crop, tools=tools
@@ -142,10 +158,10 @@ def prior_trajectories(
     return out
 
 
-def stage_agent(agent: AgentLoop, dialect: str) -> AgentLoop:
-    """`agent` with the stages' pinned fields (`STAGE_AGENT`) and `dialect`: same engine,
-    renderer, frame source and crops."""
-    cfg = replace(agent.cfg, **STAGE_AGENT, tool_dialect=dialect)
+def stage_agent(agent: AgentLoop, dialect: str, forced: bool = True) -> AgentLoop:
+    """`agent` with `dialect` and the forced `<think>` prefix on or off:
+    same engine, renderer, frame source and crops."""
+    cfg = replace(agent.cfg, force_think=forced, tool_dialect=dialect)
     tools = list(agent.executor.tools.values())
     return AgentLoop(agent.engine, agent.renderer, agent.source, cfg, agent.crop, tools=tools)
 
@@ -156,12 +172,17 @@ def stage_key(agent_cfg: dict) -> dict:
 
 
 def stages_key(prior: PriorConfig, key_parts: dict) -> str:
-    """The cache key of the prior and cold start: `prior` (its folder aside) and `key_parts`,
-    with `key_parts["rollout.agent"]`, when given, keyed without the RL-only fields."""
+    """The cache key of the prior and cold start: `prior` (its folder aside, its `stage_think`
+    as the stages apply it: "forced" or "written") and `key_parts`, with
+    `key_parts["rollout.agent"]`, when given, keyed without the RL-only fields."""
     parts = dict(key_parts)
-    if isinstance(parts.get("rollout.agent"), dict):
-        parts["rollout.agent"] = stage_key(parts["rollout.agent"])
-    return cache_key({"prior": asdict(replace(prior, cache_dir="")), **parts})
+    agent_cfg = parts.get("rollout.agent")
+    rl_force_think = True
+    if isinstance(agent_cfg, dict):
+        rl_force_think = agent_cfg.get("force_think", True)
+        parts["rollout.agent"] = stage_key(agent_cfg)
+    applied = "forced" if prior.forces_think(rl_force_think) else "written"
+    return cache_key({"prior": asdict(replace(prior, cache_dir="", stage_think=applied)), **parts})
 
 
 def dialect_rates(
@@ -265,7 +286,8 @@ def cached_prior(
         log.info("tool prior loaded from %s", path)
         return [*payload["notes"], f"tool prior: cache prior-{key} reused"]
     losses = prior_stage(module, agent, samples, prior, corpus() if corpus else None)
-    notes = _notes(module, stage_agent(agent, PRIOR_DIALECT), probe, prior, losses, "tool prior")
+    stage = stage_agent(agent, PRIOR_DIALECT, prior.forces_think(agent.cfg.force_think))
+    notes = _notes(module, stage, probe, prior, losses, "tool prior")
     atomic_torch_save({"policy": module.policy.state_dict(), "notes": notes}, path)
     return notes
 
@@ -297,7 +319,7 @@ def prior_then_cold_start(
     corpus = functools.cache(lambda: prior_trajectories(agent, samples, prior))
     if prior.steps:
         notes += cached_prior(module, agent, samples, probe, prior, key_parts, corpus)
-    switched = stage_agent(agent, COLD_START_DIALECT)
+    switched = stage_agent(agent, COLD_START_DIALECT, prior.forces_think(agent.cfg.force_think))
     replay = corpus() if cold.prior_replay and prior.steps else []
     result = cold_start(module, samples, cold, switched, held_out, replay)
     if replay:

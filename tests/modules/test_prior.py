@@ -228,3 +228,67 @@ def test_the_cold_start_replays_the_prior_corpus_when_asked(tiny, needle_samples
         prior_then_cold_start(
             _Host(model, processor), agent, needle_samples, needle_samples[:1], none, cold, {}
         )
+
+
+def _trained_turns(traj, tokenizer) -> list[str]:
+    """The text of each run of trained tokens (one assistant turn each)."""
+    runs, current = [], []
+    for token, trained in zip(traj.token_ids, traj.loss_mask, strict=True):
+        if trained:
+            current.append(token)
+        elif current:
+            runs, current = [*runs, current], []
+    runs += [current] if current else []
+    return [tokenizer.decode(run, skip_special_tokens=False) for run in runs]
+
+
+def test_stages_without_the_forced_prefix_write_the_think_opening_themselves(
+    tiny_qwen3_dir, needle_samples
+):
+    """prior.stage_think: without a forced prefix ("written", or "rl" under an RL agent that
+    forces none) each turn's trained text of the prior's corpus and of the cold start's teacher
+    opens `<think>` itself (what the prefix supplies under "forced"); the cache key follows the
+    stages' effective choice."""
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.agent.tools import CropConfig
+    from paravt.rollout.engines.scripted import ScriptedEngine
+    from paravt.run.coldstart import ColdStartConfig, teacher_trajectories
+    from paravt.run.prior import prior_trajectories, stage_agent, stages_key
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    tok = processor.tokenizer
+    vanilla = AgentConfig(
+        max_rounds=2, system="compact", tool_dialect="tool_call", force_think=False
+    )
+    engine = ScriptedEngine(tok, lambda context: "unused")
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), vanilla, CropConfig())
+    for stage_think, opens in (("forced", False), ("written", True), ("rl", True)):
+        prior = PriorConfig(steps=1, tool_share=0.5, frame_budgets=(4,), stage_think=stage_think)
+        corpus = prior_trajectories(agent, needle_samples, prior)
+        turns = [text for t in corpus for text in _trained_turns(t, tok)]
+        assert len(turns) >= len(corpus) + 1  # a direct answer and a call then an answer
+        assert all(text.startswith("<think>\n") == opens for text in turns), (stage_think, turns)
+        switched = stage_agent(agent, "tool_call", prior.forces_think(vanilla.force_think))
+        assert switched.cfg.force_think is not opens
+        cold = ColdStartConfig(steps=1, frame_budgets=(4,), teacher_mix={4: {"search": 1}})
+        taught = teacher_trajectories(switched, needle_samples, cold)
+        assert all(t.num_valid_calls >= 1 for t in taught)  # the calls still parse and run
+        turns = [text for t in taught for text in _trained_turns(t, tok)]
+        assert all(text.startswith("<think>\n") == opens for text in turns), (stage_think, turns)
+
+    def key(stage_think: str, force_think: bool) -> str:
+        prior = PriorConfig(stage_think=stage_think)
+        agent_cfg = {"force_think": force_think, "tool_dialect": "tool_call", "max_rounds": 2}
+        return stages_key(prior, {"rollout.agent": agent_cfg})
+
+    # forced and written: one entry for every arm, whatever RL forces; rl: the entry of the
+    # choice it makes for that arm
+    assert key("forced", True) == key("forced", False) == key("rl", True)
+    assert key("written", True) == key("written", False) == key("rl", False)
+    assert key("forced", True) != key("written", True)
+    with pytest.raises(ValueError, match=r"prior\.stage_think must be one of"):
+        PriorConfig(stage_think="matched")
