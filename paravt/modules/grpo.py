@@ -40,7 +40,7 @@ from paravt.parallel.distributed import (
     mean_over_ranks,
     pad_micro_batches,
 )
-from paravt.rewards.compose import RewardWeights, is_well_formed, trajectory_reward
+from paravt.rewards.compose import RewardWeights, anchored, trajectory_reward
 from paravt.rewards.judge import LLMJudge
 from paravt.rewards.judge_guard import JudgeGuard
 from paravt.rewards.judged import judged_rewards
@@ -223,7 +223,7 @@ class GRPOModule(pl.LightningModule):
             if self.algo.mask_truncated:  # cut trajectories leave the loss (paravt.rl.truncation)
                 keep, cut = keep_uncut(keep, trajs)
             with timer("update"):
-                formed = [is_well_formed(r) for r in rewards]
+                formed = anchored(rewards, self.algo.anchor_rollouts)
                 update = self._update(trajs, adv.values, keep, formed, temp)
         self.last_rollout = self._record(batch, rewards)
         metrics = rollout_metrics(trajs, rewards)

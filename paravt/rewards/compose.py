@@ -224,7 +224,8 @@ def _tool_counts(
 def is_well_formed(reward: RewardBreakdown) -> bool:
     """A parseable rollout: not degenerate, every tag pair balanced, a non-empty closed answer.
 
-    The structural-token anchor is applied to these rollouts only (docs/method.md section 4(i)).
+    The structural-token anchor is applied to these rollouts only by default (docs/method.md
+    section 4(i); `anchored`).
     """
     parts = reward.components
     return (
@@ -232,6 +233,20 @@ def is_well_formed(reward: RewardBreakdown) -> bool:
         and parts.get("format/balance", 0.0) >= 1.0
         and parts.get("format/answer", 0.0) >= 1.0
     )
+
+
+ANCHOR_ROLLOUTS = ("well_formed", "all")
+
+
+def anchored(rewards: Sequence[RewardBreakdown], rollouts: str = "well_formed") -> list[bool]:
+    """Which rollouts the structural anchor reads (`algorithm.anchor_rollouts`): "well_formed"
+    (paravt's default: the tags of parseable rollouts only, `is_well_formed`) or "all" (the
+    paper's sum over every rollout's structural positions, malformed ones included)."""
+    if rollouts not in ANCHOR_ROLLOUTS:
+        raise ValueError(
+            f"algorithm.anchor_rollouts must be one of {ANCHOR_ROLLOUTS}, got {rollouts!r}"
+        )
+    return [rollouts == "all" or is_well_formed(r) for r in rewards]
 
 
 def trajectory_reward(

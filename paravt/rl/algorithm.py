@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paravt.rewards.compose import anchored
 from paravt.rewards.structural import STRUCTURAL_TAGS
 from paravt.rl import importance
 from paravt.rl.kl import get_kl_estimator
@@ -40,6 +41,9 @@ class AlgorithmConfig:
     kl_in_reward: bool = True
     anchor_coef: float = 0.1
     anchor_tags: tuple[str, ...] = STRUCTURAL_TAGS
+    # whose structural positions the anchor reads: "well_formed" rollouts or "all" (the
+    # paper's formula; paravt.rewards.compose.anchored)
+    anchor_rollouts: str = "well_formed"
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1  # optimiser steps per PPO epoch
     micro_batch_tokens: int = 16384  # padded tokens per gradient micro-batch (packed: tokens)
@@ -66,6 +70,7 @@ class AlgorithmConfig:
                 "or algorithm.kl_in_reward=true"
             )
         get_policy_loss(self.loss)
+        anchored([], self.anchor_rollouts)  # a known name
         get_aggregation(self.aggregation)
         check_mode(self.engine_is_correction)
         if self.engine_is_cap < 1.0:

@@ -243,3 +243,24 @@ def test_an_agent_programs_posted_reward_is_trained_on_as_asked() -> None:
         trajectory_reward(silent, sample, RewardWeights(agent_reward="agent"))
     with pytest.raises(ValueError, match="paravt, agent, sum"):
         RewardWeights(agent_reward="mine")
+
+
+def test_the_anchor_reads_well_formed_rollouts_or_all_of_them():
+    from paravt.rewards.compose import anchored
+    from paravt.rl.algorithm import AlgorithmConfig
+
+    closed = "<think>Look at the frames closely.</think>\n<answer>B</answer>"
+    rewards = [
+        compute_reward(closed, "B", "mcq"),
+        # an unclosed think; no <answer> block
+        compute_reward("<think>Look at the frames closely.\n<answer>B</answer>", "B", "mcq"),
+        compute_reward("<think>Look at the frames closely.</think>\nB", "B", "mcq"),
+    ]
+    assert anchored(rewards) == [True, False, False]  # balanced tags and a closed answer
+    assert anchored(rewards, "all") == [True, True, True]  # the paper's formula
+    with pytest.raises(
+        ValueError, match=r"anchor_rollouts must be one of \('well_formed', 'all'\)"
+    ):
+        anchored(rewards, "parseable")
+    with pytest.raises(ValueError, match="anchor_rollouts must be one of"):
+        AlgorithmConfig(anchor_rollouts="parseable")
