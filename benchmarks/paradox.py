@@ -1,8 +1,8 @@
 """The Tool Prior Paradox end to end: the pre-RL diagnostic, then the arms, then the report.
 
-For each seed: composes `experiment=demo_prior_<--arm> seed=N` (default paragrpo), builds the run and its tool
-prior and cold start (or loads them from artifacts/prior_cache, where every arm of the seed
-finds them), and prints the pre-RL diagnostic (`paravt.run.prior_diagnostic`: 32 prompts x G=4
+For each seed: composes `experiment=demo_prior_<--arm> seed=N` (default paragrpo), builds the
+run and its tool prior and cold start (or loads them from artifacts/prior_cache, where every arm
+of the seed finds them), and prints the pre-RL diagnostic (`paravt.run.prior_diagnostic`: 32 prompts x G=4
 at K=2 and K=16 at the sampling temperature, tool / no-tool share, accuracy, no-answer and
 truncation rates, mean raw and shaped reward). Unless `--diagnostic-only`, it then trains each
 arm (`python train.py experiment=demo_prior_<arm> seed=N`, one after another: the seeds share
