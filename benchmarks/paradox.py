@@ -2,11 +2,11 @@
 
 For each seed: composes `experiment=demo_prior_<--arm> seed=N` (default paragrpo), builds the
 run and its tool prior and cold start (or loads them from artifacts/prior_cache, where every arm
-of the seed finds them), and prints the pre-RL diagnostic (`paravt.run.prior_diagnostic`: 32 prompts x G=4
-at K=2 and K=16 at the sampling temperature, tool / no-tool share, accuracy, no-answer and
-truncation rates, mean raw and shaped reward). Unless `--diagnostic-only`, it then trains each
-arm (`python train.py experiment=demo_prior_<arm> seed=N`, one after another: the seeds share
-artifacts/needle_demo) and prints `paravt paradox-report` over the runs.
+of the seed finds them), and prints the pre-RL diagnostic (`paravt.run.prior_diagnostic`: 32
+prompts x G=4 at K=2 and K=16 at the sampling temperature, tool / no-tool share, accuracy,
+no-answer and truncation rates, mean raw and shaped reward). Unless `--diagnostic-only`, it then
+trains each arm (`python train.py experiment=demo_prior_<arm> seed=N`, one after another: the
+seeds share artifacts/needle_demo) and prints `paravt paradox-report` over the runs.
 
     python benchmarks/paradox.py [--seeds 0 1 2] [--arms grpo paragrpo ...] [--diagnostic-only]
                                  [--arm grpo]
@@ -73,9 +73,9 @@ def diagnose(seed: int, args: argparse.Namespace) -> None:
         )
     took = time.perf_counter() - started - prior_s
     print(
-        f"\npre-RL diagnostic, seed {seed}, {args.arm}'s agent (prior and cold start {prior_s:.0f} s, diagnostic "
-        f"{took:.0f} s; {args.prompts} held-out prompts x G={args.group} at "
-        f"T={cfg.rollout.temperature}):\n{diagnostic_table(rows)}\n",
+        f"\npre-RL diagnostic, seed {seed}, {args.arm}'s agent (prior and cold start "
+        f"{prior_s:.0f} s, diagnostic {took:.0f} s; {args.prompts} held-out prompts x "
+        f"G={args.group} at T={cfg.rollout.temperature}):\n{diagnostic_table(rows)}\n",
         flush=True,
     )
 
