@@ -8,10 +8,11 @@ cold start) and measures two things on the datamodule's first `--prompts` held-o
   K = 2 and K = 16, oracle crops (around the needle) at K = 2, direct answers at K = 16 (a
   uniform guess over the 4 colours is ln 4 = 1.386); before and after;
 - after the stage, what the prior does on its own (`paravt.run.prior.greedy_reading`): greedy
-  rollouts at K = 16 in the prior's dialect, R_acc of those without a tool block and of those
-  with one, and the tool-block share (the weak prior's target: >= 0.8 without tools).
+  rollouts at K = 16 (or each of `--budgets`) in the prior's dialect, R_acc of those without a
+  tool block and of those with one, and the tool-block share (the weak prior's target: >= 0.8
+  without tools at K = 16).
 
-    python benchmarks/prior_reading.py [--experiment demo_prior_weak] [--seed 1]
+    python benchmarks/prior_reading.py [--experiment demo_prior_weak] [--seed 1] [--budgets 2 16]
                                        [--greedy-only] [OVERRIDES...]   # e.g. prior.steps=80
 """
 
@@ -72,15 +73,17 @@ def main(args: argparse.Namespace) -> None:
         took = time.perf_counter() - t0
         print(f"prior: {prior.steps} steps, {took:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         show("after")
-        t0 = time.perf_counter()
-        r = greedy_reading(stage_agent(agent, PRIOR_DIALECT), held_out)
-        print(
-            f"after: greedy K=16, {len(held_out)} held-out prompts ({time.perf_counter() - t0:.0f}"
-            f" s): accuracy without tools {r['accuracy_without_tools']:.3f} "
-            f"({r['without_tools']}), with a tool block {r['accuracy_with_tools']:.3f} "
-            f"({r['with_tools']}), tool-block share {r['tool_share']:.2f}",
-            flush=True,
-        )
+        for k in args.budgets:
+            t0 = time.perf_counter()
+            r = greedy_reading(stage_agent(agent, PRIOR_DIALECT), held_out, k)
+            print(
+                f"after: greedy K={k}, {len(held_out)} held-out prompts "
+                f"({time.perf_counter() - t0:.0f} s): accuracy without tools "
+                f"{r['accuracy_without_tools']:.3f} ({r['without_tools']}), with a tool block "
+                f"{r['accuracy_with_tools']:.3f} ({r['with_tools']}), tool-block share "
+                f"{r['tool_share']:.2f}",
+                flush=True,
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--experiment", default="demo_prior_paragrpo")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=32, help="held-out samples measured")
+    parser.add_argument(
+        "--budgets", type=int, nargs="+", default=[16], help="frame budgets K of the greedy pass"
+    )
     parser.add_argument(
         "--greedy-only", action="store_true", help="skip the teacher-forced answer sets"
     )

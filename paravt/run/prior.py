@@ -12,7 +12,8 @@ trained tokens), and a reading curriculum (`oracle_steps`: crops around the true
 as the demo's cold start has); without them the prior learns the format and answers at chance.
 The short cold start on the project's `<tool_call>` format then runs on top of it
 (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
-experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
+experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use),
+whose reading curriculum is direct answers from overviews that show the needle.
 
 Both stages run with the forced `<think>` prefix (`STAGE_AGENT`) whatever the arm's RL agent
 does, so that an arm that turns it off in RL (vanilla GRPO, as the reference's vanilla recipe)
