@@ -274,7 +274,7 @@ def test_a_tool_free_curriculum_answers_from_overviews_that_show_the_needle(
         s.id: next((k for k in budgets if every[k][s.id]), None) for s in needle_samples
     }
     assert {t.sample_id: t.frame_budget for t in trajs} == {i: k for i, k in expected.items() if k}
-    assert 0 < len(trajs) and any(k != 16 for k in expected.values())  # the test tells apart
+    assert len(trajs) > 0 and any(k != 16 for k in expected.values())  # the test tells apart
     for traj in trajs:
         sample = next(s for s in needle_samples if s.id == traj.sample_id)
         assert traj.num_calls == 0 and shown(traj)  # no tool: the answer from the overview
@@ -282,7 +282,7 @@ def test_a_tool_free_curriculum_answers_from_overviews_that_show_the_needle(
     # no budget shows a needle: a clear error, not an empty curriculum
     blind = [s for s in needle_samples if not every[2][s.id]]
     assert blind
-    with pytest.raises(ValueError, match="no overview at prior.frame_budgets"):
+    with pytest.raises(ValueError, match=r"no overview at prior\.frame_budgets"):
         prior_trajectories(agent, blind, replace(cfg, frame_budgets=(2,)), oracle=True)
 
 
