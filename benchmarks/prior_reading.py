@@ -48,7 +48,13 @@ def main(args: argparse.Namespace) -> None:
 
     from paravt.run.build import build_run
     from paravt.run.coldstart import ColdStartConfig, sft_stage
-    from paravt.run.prior import PRIOR_DIALECT, greedy_reading, prior_stage, stage_agent
+    from paravt.run.prior import (
+        PRIOR_DIALECT,
+        greedy_reading,
+        prior_stage,
+        reading_note,
+        stage_agent,
+    )
 
     with tempfile.TemporaryDirectory(prefix="prior-reading-") as run_dir:
         cfg = compose(args.seed, args.overrides, run_dir, args.experiment)
@@ -76,14 +82,9 @@ def main(args: argparse.Namespace) -> None:
         for k in args.budgets:
             t0 = time.perf_counter()
             r = greedy_reading(stage_agent(agent, PRIOR_DIALECT), held_out, k)
-            print(
-                f"after: greedy K={k}, {len(held_out)} held-out prompts "
-                f"({time.perf_counter() - t0:.0f} s): accuracy without tools "
-                f"{r['accuracy_without_tools']:.3f} ({r['without_tools']}), with a tool block "
-                f"{r['accuracy_with_tools']:.3f} ({r['with_tools']}), tool-block share "
-                f"{r['tool_share']:.2f}",
-                flush=True,
-            )
+            took = time.perf_counter() - t0
+            share = f"tool-block share {r['tool_share']:.2f}"
+            print(f"{reading_note('after', r)}; {share}, {took:.0f} s", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

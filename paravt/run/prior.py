@@ -218,8 +218,8 @@ def greedy_reading(
     agent: AgentLoop, samples: Sequence[Sample], budget: int = READING_BUDGET
 ) -> dict[str, float]:
     """Greedy rollouts (one per sample at `budget`), scored by R_acc (`trajectory_reward`): the
-    accuracy of those that wrote no tool block (answered from the overview), of those that
-    did, their counts and the tool-block share. Does the prior read the needle?"""
+    accuracy of those that wrote no tool block (answered from the overview; 0.0 when none), of
+    those that did, their counts and the tool-block share. Does the prior read the needle?"""
     from paravt.rewards.compose import trajectory_reward
 
     params = SamplingParams(agent.cfg.max_new_tokens, greedy=True)
@@ -229,6 +229,7 @@ def greedy_reading(
     tools = [t.sample_id for t in trajs if tool_turns(t)]
     free = [t.sample_id for t in trajs if not tool_turns(t)]
     return {
+        "budget": budget,
         "accuracy_without_tools": sum(right[i] for i in free) / max(len(free), 1),
         "accuracy_with_tools": sum(right[i] for i in tools) / max(len(tools), 1),
         "without_tools": len(free),
@@ -238,12 +239,16 @@ def greedy_reading(
 
 
 def reading_note(stage: str, reading: dict[str, float]) -> str:
-    """The note line of `greedy_reading`'s figures."""
+    """`greedy_reading`'s figures in one line; an accuracy over no rollout is shown as "-"."""
+
+    def acc(split: str) -> str:
+        return f"{reading['accuracy_' + split]:.3f}" if reading[split] else "-"
+
     n = reading["without_tools"] + reading["with_tools"]
     return (
-        f"{stage}: greedy held-out accuracy at K={READING_BUDGET} without tools: "
-        f"{reading['accuracy_without_tools']:.3f} ({reading['without_tools']} of {n} rollouts; "
-        f"with a tool block: {reading['accuracy_with_tools']:.3f}, {reading['with_tools']})"
+        f"{stage}: greedy held-out accuracy at K={reading['budget']} without tools: "
+        f"{acc('without_tools')} ({reading['without_tools']} of {n} rollouts; with a tool "
+        f"block: {acc('with_tools')}, {reading['with_tools']})"
     )
 
 

@@ -318,6 +318,7 @@ def test_greedy_reading_scores_answers_with_and_without_tools(tiny_qwen3_dir, ne
     reading = greedy_reading(agent, needle_samples)
     # without tools: samples 1, 2 right, 3 wrong: 2 / 3; with a tool block: sample 0, right
     assert reading == {
+        "budget": 16,
         "accuracy_without_tools": pytest.approx(2 / 3),
         "accuracy_with_tools": 1.0,
         "without_tools": 3,
@@ -327,4 +328,9 @@ def test_greedy_reading_scores_answers_with_and_without_tools(tiny_qwen3_dir, ne
     assert reading_note("tool prior", reading) == (
         "tool prior: greedy held-out accuracy at K=16 without tools: 0.667 (3 of 4 rollouts; "
         "with a tool block: 1.000, 1)"
+    )
+    # a prior that always calls a tool has no accuracy without tools: a dash, not 0.000
+    assert reading_note("x", {**reading, "without_tools": 0, "with_tools": 4}) == (
+        "x: greedy held-out accuracy at K=16 without tools: - (0 of 4 rollouts; with a tool "
+        "block: 1.000, 4)"
     )
