@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = tuple(arm for _, arms in GROUPS for arm, *_ in arms)  # the factorial (docs/paradox.md)
 
 
-def compose(seed: int, overrides: list[str], run_dir: str, experiment: str = "demo_prior_paragrpo"):
+def compose(seed: int, overrides: list[str], run_dir: str, arm: str = "paragrpo"):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -36,7 +36,7 @@ def compose(seed: int, overrides: list[str], run_dir: str, experiment: str = "de
         return hydra_compose(
             "train",
             overrides=[
-                f"experiment={experiment}",
+                f"experiment=demo_prior_{arm}",
                 f"seed={seed}",
                 f"run_dir={run_dir}",
                 "logger=csv",

@@ -1,6 +1,6 @@
 """Does the tool prior learn to see? Held-out answers before and after the prior stage.
 
-Composes `experiment=<--experiment> seed=<--seed>` (default demo_prior_paragrpo, seed 0) with
+Composes `experiment=demo_prior_<--arm> seed=<--seed>` (default paragrpo, seed 0) with
 the given overrides, trains the tool prior alone (`paravt.run.prior.prior_stage`, no cache, no
 cold start) and measures two things on the datamodule's first `--prompts` held-out samples:
 - the answer tokens teacher-forced (`SFTModule.answer_metrics`: mean NLL and argmax accuracy)
@@ -12,7 +12,7 @@ cold start) and measures two things on the datamodule's first `--prompts` held-o
   tool block and of those with one, and the tool-block share (the weak prior's target: >= 0.8
   without tools at K = 16).
 
-    python benchmarks/prior_reading.py [--experiment demo_prior_weak] [--seed 1] [--budgets 2 16]
+    python benchmarks/prior_reading.py [--arm weak] [--seed 1] [--budgets 2 16]
                                        [--greedy-only] [OVERRIDES...]   # e.g. prior.steps=80
 """
 
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> None:
     )
 
     with tempfile.TemporaryDirectory(prefix="prior-reading-") as run_dir:
-        cfg = compose(args.seed, args.overrides, run_dir, args.experiment)
+        cfg = compose(args.seed, args.overrides, run_dir, args.arm)
         run = build_run(cfg)
         dm = run.datamodule
         dm.prepare_data()
@@ -91,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--experiment", default="demo_prior_paragrpo")
+    parser.add_argument(
+        "--arm", default="paragrpo", help="the experiment demo_prior_<arm>, e.g. weak"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=32, help="held-out samples measured")
     parser.add_argument(

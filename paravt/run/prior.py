@@ -12,8 +12,7 @@ trained tokens), and a reading curriculum (`oracle_steps`: crops around the true
 as the demo's cold start has); without them the prior learns the format and answers at chance.
 The short cold start on the project's `<tool_call>` format then runs on top of it
 (`paravt.run.coldstart.cold_start`). The strength of the prior (`steps`, `tool_share`) is the
-experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use),
-whose reading curriculum is direct answers from overviews that show the needle.
+experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
 
 Both stages run with the forced `<think>` prefix (`STAGE_AGENT`) whatever the arm's RL agent
 does, so that an arm that turns it off in RL (vanilla GRPO, as the reference's vanilla recipe)
@@ -42,7 +41,7 @@ import torch
 
 from paravt.agent.loop import AgentLoop
 from paravt.agent.scripts import distinct_question_batches, needle_teacher, teacher_plan
-from paravt.rl.metrics import PRIOR_TAG, tool_turns
+from paravt.rl.metrics import PRIOR_TAG
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.types import Sample, Trajectory
@@ -89,8 +88,6 @@ class PriorConfig:
     cache_dir: str = "artifacts/prior_cache"
 
     def __post_init__(self) -> None:
-        if not self.frame_budgets or min(self.frame_budgets) < 1:
-            raise ValueError(f"prior.frame_budgets must be >= 1 each, got {self.frame_budgets}")
         if self.steps < 0 or not 0.0 <= self.tool_share <= 1.0:
             raise ValueError(
                 f"prior.steps must be >= 0 and prior.tool_share in [0, 1], got steps="
@@ -101,6 +98,8 @@ class PriorConfig:
                 f"prior.oracle_steps must be in [0, prior.steps={self.steps}], got "
                 f"{self.oracle_steps}"
             )
+        if not self.frame_budgets or min(self.frame_budgets) < 1:
+            raise ValueError(f"prior.frame_budgets must be >= 1 each, got {self.frame_budgets}")
 
 
 def prior_dialect(text: str) -> str:
@@ -151,32 +150,6 @@ def prior_trajectories(
     return out
 
 
-def oracle_budgets(
-    agent: AgentLoop, samples: Sequence[Sample], frame_budgets: Sequence[int]
-) -> list[int | None]:
-    """Per sample, the smallest of `frame_budgets` whose overview (as `agent` shows it) holds a
-    frame of a target window: the fewest frames, so the needle is the largest share of them.
-    None where no budget shows it (a direct answer there is a guess). Refused when none does."""
-    out = []
-    for sample in samples:
-        info = agent.source.info(sample.video)
-        shows = [k for k in sorted(set(frame_budgets)) if shows_window(info, k, sample.windows)]
-        out.append(shows[0] if shows else None)
-    if samples and not any(out):
-        raise ValueError(
-            f"no overview at prior.frame_budgets={tuple(frame_budgets)} shows a sample's target "
-            "window: a tool-free reading curriculum needs a budget that does (e.g. 16)"
-        )
-    return out
-
-
-def shows_window(info, budget: int, windows) -> bool:
-    """Whether the `budget`-frame overview of a video (`info`: its frames and fps) has a frame
-    whose start time lies in one of `windows` (seconds, [start, end))."""
-    stamps = timestamps(overview_indices(info.num_frames, budget), info.fps)
-    return any(lo - 1e-6 <= t < hi - 1e-6 for t in stamps for lo, hi in windows)
-
-
 def stage_agent(agent: AgentLoop, dialect: str) -> AgentLoop:
     """`agent` with the stages' pinned fields (`STAGE_AGENT`) and `dialect`: same engine,
     renderer, frame source and crops."""
@@ -221,6 +194,7 @@ def greedy_reading(
     accuracy of those that wrote no tool block (answered from the overview; 0.0 when none), of
     those that did, their counts and the tool-block share. Does the prior read the needle?"""
     from paravt.rewards.compose import trajectory_reward
+    from paravt.rl.metrics import tool_turns
 
     params = SamplingParams(agent.cfg.max_new_tokens, greedy=True)
     trajs = agent.run(list(samples), [budget] * len(samples), 1, params)
@@ -298,6 +272,32 @@ def cache_key(parts: dict) -> str:
     """16 hex digits of the SHA-256 of `parts` as sorted JSON (plus the stages' version)."""
     blob = json.dumps({"version": CACHE_VERSION, **parts}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def oracle_budgets(
+    agent: AgentLoop, samples: Sequence[Sample], frame_budgets: Sequence[int]
+) -> list[int | None]:
+    """Per sample, the smallest of `frame_budgets` whose overview (as `agent` shows it) holds a
+    frame of a target window: the fewest frames, so the needle is the largest share of them.
+    None where no budget shows it (a direct answer there is a guess). Refused when none does."""
+    out = []
+    for sample in samples:
+        info = agent.source.info(sample.video)
+        shows = [k for k in sorted(set(frame_budgets)) if shows_window(info, k, sample.windows)]
+        out.append(shows[0] if shows else None)
+    if samples and not any(out):
+        raise ValueError(
+            f"no overview at prior.frame_budgets={tuple(frame_budgets)} shows a sample's target "
+            "window: a tool-free reading curriculum needs a budget that does (e.g. 16)"
+        )
+    return out
+
+
+def shows_window(info, budget: int, windows) -> bool:
+    """Whether the `budget`-frame overview of a video (`info`: its frames and fps) has a frame
+    whose start time lies in one of `windows` (seconds, [start, end))."""
+    stamps = timestamps(overview_indices(info.num_frames, budget), info.fps)
+    return any(lo - 1e-6 <= t < hi - 1e-6 for t in stamps for lo, hi in windows)
 
 
 def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> list[str]:
