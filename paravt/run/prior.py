@@ -47,6 +47,7 @@ from paravt.rl.metrics import PRIOR_TAG
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.engines.scripted import ScriptedEngine
 from paravt.types import Sample, Trajectory
+from paravt.video.sampling import overview_indices, timestamps
 
 if TYPE_CHECKING:
     from paravt.run.coldstart import ColdStartResult
@@ -61,6 +62,9 @@ RL_ONLY_AGENT_FIELDS = ("force_think", "tool_dialect")
 STAGE_THINK = ("forced", "written", "rl")
 _CALL_RE = re.compile(r"<tool_call>(\{.*?\})</tool_call>", re.DOTALL)
 PRIOR_THOUGHT = "Let me look closer at the video first."
+# The notes' probes: dialect rates on the first PROBE held-out prompts, the greedy reading at
+# K = READING_BUDGET (where the demo's overview always shows the needle) on READING_PROBE.
+PROBE, READING_PROBE, READING_BUDGET = 8, 32, 16
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,9 @@ class PriorConfig:
     train_vision: bool = True  # a pretraining stage trains the whole (random) model
     # A reading curriculum, as the demo's cold start has: the first `oracle_steps` of `steps`
     # train on `<tool_code>` crops around the true needle (the colour fills most crop frames),
-    # so that the random vision tower learns to see before the corpus's wide crops.
+    # so that the random vision tower learns to see before the corpus's wide crops; with
+    # tool_share 0, on direct answers from the smallest of `frame_budgets` whose overview
+    # shows the needle instead (`oracle_budgets`).
     oracle_steps: int = 0
     # Extra weight of the answer tokens' mean NLL (paravt.modules.sft.SFTModule): the answer
     # is one of ~100 trained tokens, and without it the prior learns the text, not the colour.
@@ -101,11 +107,8 @@ class PriorConfig:
                 f"prior.oracle_steps must be in [0, prior.steps={self.steps}], got "
                 f"{self.oracle_steps}"
             )
-        if self.oracle_steps and not self.tool_share:
-            raise ValueError(
-                "prior.oracle_steps trains on tool use, which prior.tool_share=0 rules out: "
-                "set prior.oracle_steps=0 for a prior without tools"
-            )
+        if not self.frame_budgets or min(self.frame_budgets) < 1:
+            raise ValueError(f"prior.frame_budgets must be >= 1 each, got {self.frame_budgets}")
 
     def forces_think(self, rl_force_think: bool) -> bool:
         """Whether the stages force the `<think>` prefix, for an RL agent forcing it or not."""
@@ -141,9 +144,14 @@ def prior_trajectories(
 ) -> list[Trajectory]:
     """One prior-corpus trajectory per sample: `tool_share` `<tool_code>` searches whose crops
     come back before the answer, the rest direct answers, budgets cycling over `cfg.frame_budgets`;
-    `oracle`: every sample's crop around its true needle instead (the reading curriculum)."""
+    `oracle`: the reading curriculum instead, every sample's crop around its true needle, or
+    with `tool_share` 0 a direct answer from an overview that shows it (`oracle_budgets`)."""
     budgets = [cfg.frame_budgets[i % len(cfg.frame_budgets)] for i in range(len(samples))]
     mix = {"oracle": 1.0} if oracle else {"search": cfg.tool_share, "direct": 1.0 - cfg.tool_share}
+    if oracle and not cfg.tool_share:
+        shown = oracle_budgets(agent, samples, cfg.frame_budgets)
+        samples = [s for s, k in zip(samples, shown, strict=True) if k]
+        budgets, mix = [k for k in shown if k], {"direct": 1.0}
     plan = teacher_plan([s.id for s in samples], {k: v for k, v in mix.items() if v}, cfg.seed)
     stage = stage_agent(agent, PRIOR_DIALECT, cfg.forces_think(agent.cfg.force_think))
     out: list[Trajectory] = []
@@ -200,6 +208,45 @@ def dialect_rates(
     }
 
 
+def greedy_reading(
+    agent: AgentLoop, samples: Sequence[Sample], budget: int = READING_BUDGET
+) -> dict[str, float]:
+    """Greedy rollouts (one per sample at `budget`), scored by R_acc (`trajectory_reward`): the
+    accuracy of those that wrote no tool block (answered from the overview; 0.0 when none), of
+    those that did, their counts and the tool-block share. Does the prior read the needle?"""
+    from paravt.rewards.compose import trajectory_reward
+    from paravt.rl.metrics import tool_turns
+
+    params = SamplingParams(agent.cfg.max_new_tokens, greedy=True)
+    trajs = agent.run(list(samples), [budget] * len(samples), 1, params)
+    by_id = {s.id: s for s in samples}
+    right = {t.sample_id: trajectory_reward(t, by_id[t.sample_id]).accuracy for t in trajs}
+    tools = [t.sample_id for t in trajs if tool_turns(t)]
+    free = [t.sample_id for t in trajs if not tool_turns(t)]
+    return {
+        "budget": budget,
+        "accuracy_without_tools": sum(right[i] for i in free) / max(len(free), 1),
+        "accuracy_with_tools": sum(right[i] for i in tools) / max(len(tools), 1),
+        "without_tools": len(free),
+        "with_tools": len(tools),
+        "tool_share": len(tools) / max(len(trajs), 1),
+    }
+
+
+def reading_note(stage: str, reading: dict[str, float]) -> str:
+    """`greedy_reading`'s figures in one line; an accuracy over no rollout is shown as "-"."""
+
+    def acc(split: str) -> str:
+        return f"{reading['accuracy_' + split]:.3f}" if reading[split] else "-"
+
+    n = reading["without_tools"] + reading["with_tools"]
+    return (
+        f"{stage}: greedy held-out accuracy at K={reading['budget']} without tools: "
+        f"{acc('without_tools')} ({reading['without_tools']} of {n} rollouts; with a tool "
+        f"block: {acc('with_tools')}, {reading['with_tools']})"
+    )
+
+
 def prior_stage(
     module,
     agent: AgentLoop,
@@ -248,9 +295,39 @@ def cache_key(parts: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def oracle_budgets(
+    agent: AgentLoop, samples: Sequence[Sample], frame_budgets: Sequence[int]
+) -> list[int | None]:
+    """Per sample, the smallest of `frame_budgets` whose overview (as `agent` shows it) holds a
+    frame of a target window: the fewest frames, so the needle is the largest share of them.
+    None where no budget shows it (a direct answer there is a guess). Refused when none does."""
+    out = []
+    for sample in samples:
+        info = agent.source.info(sample.video)
+        shows = [k for k in sorted(set(frame_budgets)) if shows_window(info, k, sample.windows)]
+        out.append(shows[0] if shows else None)
+    if samples and not any(out):
+        raise ValueError(
+            f"no overview at prior.frame_budgets={tuple(frame_budgets)} shows a sample's target "
+            "window: a tool-free reading curriculum needs a budget that does (e.g. 16)"
+        )
+    return out
+
+
+def shows_window(info, budget: int, windows) -> bool:
+    """Whether the `budget`-frame overview of a video (`info`: its frames and fps) has a frame
+    whose start time lies in one of `windows` (seconds, [start, end))."""
+    stamps = timestamps(overview_indices(info.num_frames, budget), info.fps)
+    return any(lo - 1e-6 <= t < hi - 1e-6 for t in stamps for lo, hi in windows)
+
+
 def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> list[str]:
+    """The stage's SFT loss and dialect rates on the probe's first `PROBE` prompts, and its
+    greedy reading at K = 16 (`greedy_reading`) on all of `samples`."""
     if not samples:
         return []
+    reading = reading_note(stage, greedy_reading(agent, samples))
+    samples = samples[:PROBE]
     k = prior.frame_budgets[-1]
     tokens = agent.cfg.max_new_tokens
     greedy = dialect_rates(agent, samples, k, SamplingParams(tokens, greedy=True))
@@ -259,7 +336,8 @@ def _notes(module, agent, samples, prior: PriorConfig, losses, stage: str) -> li
     return [
         f"{stage}: {loss}K={k}, {len(samples)} held-out prompts: <tool_code> greedy "
         f"{greedy['tool_code']:.2f} / T=0.7 {hot['tool_code']:.2f}, <tool_call> greedy "
-        f"{greedy['tool_call']:.2f} / T=0.7 {hot['tool_call']:.2f}"
+        f"{greedy['tool_call']:.2f} / T=0.7 {hot['tool_call']:.2f}",
+        reading,
     ]
 
 
@@ -303,7 +381,7 @@ def prior_then_cold_start(
 
     key = stages_key(prior, key_parts)
     path = Path(prior.cache_dir) / key
-    probe = list(held_out)[: min(8, len(held_out))]
+    probe = list(held_out)[:READING_PROBE]
     if (path / "state.pt").exists():
         payload = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         module.policy.load_state_dict(payload["policy"])

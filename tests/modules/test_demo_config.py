@@ -182,6 +182,10 @@ def test_the_paradox_arms_share_one_prior_and_differ_as_documented(prior_arms):
     assert keys["weak"] != keys["paragrpo"]
     weak, para, grpo = prior_arms["weak"], prior_arms["paragrpo"], prior_arms["grpo"]
     assert (weak.prior.steps, weak.prior.tool_share) == (para.prior.steps, 0.0)
+    # the weak prior reads without tools: every step its curriculum, overviews that show the
+    # needle at the fewest of K = 2-16 frames that do (16 shows it in every demo video)
+    assert weak.prior.oracle_steps == weak.prior.steps
+    assert list(weak.prior.frame_budgets) == [2, 4, 8, 16]
     assert (para.prior.steps, para.prior.tool_share) == (140, 0.8)
     budgets = list(para.prior.frame_budgets)
     assert {k: budgets.count(k) for k in set(budgets)} == {2: 2, 4: 2, 16: 1}

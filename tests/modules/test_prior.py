@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -91,13 +93,113 @@ def test_the_oracle_corpus_crops_around_the_needle(tiny_qwen3_dir, needle_sample
         assert answer.text.endswith(f"<answer>{sample.answer}</answer>")
 
 
+def test_a_tool_free_curriculum_answers_from_overviews_that_show_the_needle(
+    tiny_qwen3_dir, needle_samples
+):
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.rollout.engines.scripted import ScriptedEngine
+    from paravt.run.prior import prior_trajectories
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    rl = AgentConfig(max_rounds=2, system="compact", tool_dialect="tool_call")
+    engine = ScriptedEngine(processor.tokenizer, lambda context: "unused")
+    agent = AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl)
+
+    def shown(traj) -> bool:  # a frame of the overview the trajectory was shown is a needle's
+        sample = next(s for s in needle_samples if s.id == traj.sample_id)
+        stamps = traj.visuals[0].frames.timestamps
+        return any(lo <= t < hi for t in stamps for lo, hi in sample.windows)
+
+    budgets = (2, 4, 8, 16)
+    every = {  # the direct corpus at each budget alone: which overviews show the needle
+        k: {t.sample_id: shown(t) for t in prior_trajectories(
+            agent, needle_samples, PriorConfig(tool_share=0.0, frame_budgets=(k,))
+        )}
+        for k in budgets
+    }  # fmt: skip
+    cfg = PriorConfig(steps=2, oracle_steps=1, tool_share=0.0, frame_budgets=budgets)
+    trajs = prior_trajectories(agent, needle_samples, cfg, oracle=True)
+    expected = {  # per sample, the smallest budget whose overview shows the needle, if any
+        s.id: next((k for k in budgets if every[k][s.id]), None) for s in needle_samples
+    }
+    assert {t.sample_id: t.frame_budget for t in trajs} == {i: k for i, k in expected.items() if k}
+    assert len(trajs) > 0 and any(k != 16 for k in expected.values())  # the test tells apart
+    for traj in trajs:
+        sample = next(s for s in needle_samples if s.id == traj.sample_id)
+        assert traj.num_calls == 0 and shown(traj)  # no tool: the answer from the overview
+        assert traj.response_text.endswith(f"<answer>{sample.answer}</answer>")
+    # no budget shows a needle: a clear error, not an empty curriculum
+    blind = [s for s in needle_samples if not every[2][s.id]]
+    assert blind
+    with pytest.raises(ValueError, match=r"no overview at prior\.frame_budgets"):
+        prior_trajectories(agent, blind, replace(cfg, frame_budgets=(2,)), oracle=True)
+
+
+def test_greedy_reading_scores_answers_with_and_without_tools(tiny_qwen3_dir, needle_samples):
+    from transformers import AutoProcessor
+
+    from paravt.agent.loop import AgentConfig, AgentLoop
+    from paravt.agent.render import ChatRenderer
+    from paravt.rollout.engines.scripted import ScriptedEngine
+    from paravt.run.prior import (
+        PRIOR_DIALECT,
+        greedy_reading,
+        prior_teacher,
+        reading_note,
+        stage_agent,
+    )
+    from paravt.video.reader import VideoReader
+
+    processor = AutoProcessor.from_pretrained(tiny_qwen3_dir)
+    ids = [s.id for s in needle_samples]
+    assert [s.answer for s in needle_samples][3] == "D" and ids[3] == "needle-train-00003"
+    # sample 0 crops first (a <tool_code> block that runs), 1-3 answer from the overview, and
+    # 3 wrongly (A for D): the only D among the answers B, [54.5, 57.5], B, D
+    plan = {ids[0]: "search", **{i: "direct" for i in ids[1:]}}
+    teacher = prior_teacher(needle_samples, plan)
+    engine = ScriptedEngine(
+        processor.tokenizer, lambda c: teacher(c).replace("<answer>D<", "<answer>A<")
+    )
+    rl = AgentConfig(max_rounds=2, system="compact", tool_dialect="tool_call")
+    agent = stage_agent(
+        AgentLoop(engine, ChatRenderer(processor), VideoReader(), rl), PRIOR_DIALECT
+    )
+    reading = greedy_reading(agent, needle_samples)
+    # without tools: samples 1, 2 right, 3 wrong: 2 / 3; with a tool block: sample 0, right
+    assert reading == {
+        "budget": 16,
+        "accuracy_without_tools": pytest.approx(2 / 3),
+        "accuracy_with_tools": 1.0,
+        "without_tools": 3,
+        "with_tools": 1,
+        "tool_share": 0.25,
+    }
+    assert reading_note("tool prior", reading) == (
+        "tool prior: greedy held-out accuracy at K=16 without tools: 0.667 (3 of 4 rollouts; "
+        "with a tool block: 1.000, 1)"
+    )
+    # a prior that always calls a tool has no accuracy without tools: a dash, not 0.000
+    assert reading_note("x", {**reading, "without_tools": 0, "with_tools": 4}) == (
+        "x: greedy held-out accuracy at K=16 without tools: - (0 of 4 rollouts; with a tool "
+        "block: 1.000, 4)"
+    )
+
+
 def test_prior_config_checks_and_cache_key():
     with pytest.raises(ValueError, match="tool_share in"):
         PriorConfig(tool_share=1.5)
     with pytest.raises(ValueError, match="oracle_steps must be in"):
         PriorConfig(steps=3, oracle_steps=4)
-    with pytest.raises(ValueError, match=r"set prior\.oracle_steps=0"):
-        PriorConfig(steps=3, oracle_steps=1, tool_share=0.0)
+    with pytest.raises(ValueError, match=r"frame_budgets must be >= 1"):
+        PriorConfig(frame_budgets=(2, 0))
+    with pytest.raises(ValueError, match=r"frame_budgets must be >= 1"):
+        PriorConfig(frame_budgets=())
+    # a tool-free prior's reading curriculum is overviews that show the needle: allowed
+    assert PriorConfig(steps=3, oracle_steps=1, tool_share=0.0).oracle_steps == 1
     a = cache_key({"prior": {"steps": 3}, "model": {"path": "m"}})
     assert a == cache_key({"model": {"path": "m"}, "prior": {"steps": 3}})  # order-free
     assert a != cache_key({"prior": {"steps": 4}, "model": {"path": "m"}})
@@ -176,6 +278,10 @@ def test_prior_and_cold_start_are_cached_by_config(tiny, needle_samples, tmp_pat
         host, agent, needle_samples, needle_samples[:1], prior, cold, parts
     )
     assert not first.cached
+    # every run's notes carry the greedy K = 16 reading of the prior and of the cold start
+    for stage in ("tool prior", "after the cold start"):
+        line = f"{stage}: greedy held-out accuracy at K=16 without tools: "
+        assert sum(n.startswith(line) for n in first.notes) == 1, first.notes
     (prior_entry,) = tmp_path.glob("prior-*")  # the prior alone, keyed without the cold start
     (entry,) = set(tmp_path.iterdir()) - {prior_entry}
     assert (entry / "state.pt").exists() and (prior_entry / "state.pt").exists()
