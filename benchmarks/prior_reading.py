@@ -81,7 +81,8 @@ def main(args: argparse.Namespace) -> None:
         show("after")
         for k in args.budgets:
             t0 = time.perf_counter()
-            r = greedy_reading(stage_agent(agent, PRIOR_DIALECT), held_out, k)
+            forced = prior.forces_think(agent.cfg.force_think)
+            r = greedy_reading(stage_agent(agent, PRIOR_DIALECT, forced), held_out, k)
             took = time.perf_counter() - t0
             share = f"tool-block share {r['tool_share']:.2f}"
             print(f"{reading_note('after', r)}; {share}, {took:.0f} s", flush=True)

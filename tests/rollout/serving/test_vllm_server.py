@@ -368,6 +368,53 @@ def test_a_stream_run_on_two_ranks_has_one_weight_sender(
     assert max(run["rollout/token_staleness_max"]) <= 1.0
 
 
+def test_an_async_lora_run_syncs_the_server_with_its_merged_adapters(
+    train_py, tiny_run_overrides, server, caller_dir, tmp_path
+):
+    """`train.py rollout.mode=async model.lora.rank=4 rollout/engine=vllm_server`: the generator
+    child holds the LoRA policy on a meta skeleton of shared weights (no second copy) and is the
+    server's one sender; what it sends is the merged policy (base + B A * alpha / rank). At
+    staleness 0 and a learning rate where unmerged or stale weights would show, the log-probs
+    the server sampled with match the trainer's recomputation after each sync."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    before = http_json(f"{server.url}/stats")[1]
+    settings = {
+        "model.path": str(caller_dir),
+        "model.lora.rank": "4",
+        "rollout/engine": "vllm_server",
+        "rollout.engine.server_urls": f"[{server.url}]",
+        "rollout.engine.max_model_len": "4096",
+        "rollout.mode": "async",
+        "rollout.max_staleness": "0",
+        "cold_start": "null",
+        "model.freeze_vision": "true",
+        "data.batch_size": "2",
+        "rollout.group_size": "2",
+        "rollout.temperature": "1.2",
+        "rollout.agent.max_new_tokens": "32",
+        "optimizer.lr": "1e-2",
+        "trainer.max_steps": "2",
+        "callbacks.benchmark_validation": "null",
+        "export_hf": "false",
+    }
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
+    proc = train_py(*args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    after = http_json(f"{server.url}/stats")[1]
+    # the generator's syncs alone: its start (version 0) and update 1, published at step 1
+    assert len(after["syncs"]) - len(before["syncs"]) == 2
+    assert http_json(f"{server.url}/version")[1]["version"] == 1
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+    assert run["weight_version"] == [0.0, 1.0]
+    assert run["grad_norm"][0] > 0  # the adapters moved, so version 1 differs from the base
+    assert max(run["loss/logprob_gap"]) < 1e-4  # the server sampled with the merged update
+
+
 def test_a_failure_on_one_rank_fails_every_rank(server, tmp_path):
     """Two gloo ranks with engines on this module's server: a rank whose rollouts failed makes
     every rank raise at the step's `settle` (the others quote it), and a sync that fails on
