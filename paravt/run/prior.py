@@ -15,9 +15,9 @@ The short cold start on the project's `<tool_call>` format then runs on top of i
 experiment's knob; `tool_share=0` is the weak-prior contrast (the same steps, no tool use).
 
 Whether the stages force the `<think>` prefix is `stage_think`'s choice, whatever the arm's RL
-agent does: "forced" (the prefix at every turn) and "written" (never: the teacher
-opens each thought itself, `paravt.agent.scripts.opened`, as the paper's SFT data does) give every
-arm of a seed one checkpoint; "rl" follows the RL agent's `force_think`, a cold start matched to
+agent does: "forced" (the prefix at every turn) and "written" (never: the teacher opens each
+thought itself, `paravt.agent.scripts.opened`, as the paper's SFT data does) give every arm of a
+seed one checkpoint; "rl" follows the RL agent's `force_think`, a cold start matched to
 the prompt RL trains under. The cache key holds the stages' effective choice (forced or written)
 and leaves the RL-only agent fields out (`stage_key`), so arms that start alike share one entry.
 
@@ -134,7 +134,7 @@ def prior_teacher(
 ) -> Callable[[str], str]:
     """The needle teacher with its tool turns rewritten into the prior's dialect; traced with
     the "lines" dialect, its calls run and it answers after their crops. `force_think`: whether
-    the prompt supplies the `<think>` prefix (else the first turn opens it, `opened`)."""
+    the prompt supplies the `<think>` prefix (else each turn opens it, `opened`)."""
     respond = needle_teacher(samples, "search", plan)
     return opened(lambda context: prior_dialect(respond(context)), force_think)
 
