@@ -273,6 +273,43 @@ def test_a_trajectory_paused_across_a_sync_records_each_turns_version(
         assert sampled == sorted(sampled)  # the first turn's tokens, then the later ones'
 
 
+# What every train.py run on this module's server shares: the tool caller on the server, no cold
+# start, two prompts x two rollouts of 32 new tokens, two steps, no evaluation and no export.
+def _server_settings(server, caller_dir, own: dict[str, str]) -> dict[str, str]:
+    return {
+        "model.path": str(caller_dir),
+        "rollout/engine": "vllm_server",
+        "rollout.engine.server_urls": f"[{server.url}]",
+        "rollout.engine.max_model_len": "4096",
+        "cold_start": "null",
+        "model.freeze_vision": "true",
+        "data.batch_size": "2",
+        "rollout.group_size": "2",
+        "rollout.agent.max_new_tokens": "32",
+        "trainer.max_steps": "2",
+        "callbacks.benchmark_validation": "null",
+        "export_hf": "false",
+        **own,
+    }
+
+
+def _train_on_server(
+    train_py, tiny_run_overrides, tmp_path, settings: dict[str, str]
+) -> tuple[str, dict[str, list[float]]]:
+    """`train.py` with `settings` over the tiny run's overrides: its output (it must exit 0) and
+    its TensorBoard scalars."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
+    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
+    proc = train_py(*args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    return out, {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+
+
 def test_a_two_rank_fsdp_trainer_shares_the_server(
     train_py, tiny_run_overrides, server, caller_dir, needle_samples, tmp_path
 ):
@@ -282,31 +319,17 @@ def test_a_two_rank_fsdp_trainer_shares_the_server(
     sync must load the policy; each step is one sync however many ranks (the server counts its
     reloads), and at a learning rate where a stale server would show, the log-probs the server
     returned match the trainer's recomputation after each sync."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     before = http_json(f"{server.url}/stats")[1]
-    settings = {
-        "model.path": str(caller_dir),
-        "trainer": "fsdp_cpu",
-        "rollout/engine": "vllm_server",
-        "rollout.engine.server_urls": f"[{server.url}]",
-        "rollout.engine.max_model_len": "4096",
-        "cold_start": "null",
-        "model.freeze_vision": "true",
-        "data.batch_size": "2",
-        "rollout.group_size": "2",
-        "rollout.temperature": "1.2",
-        "rollout.agent.max_new_tokens": "32",
-        "optimizer.lr": "1e-3",
-        "trainer.max_steps": "2",
-        "callbacks.benchmark_validation": "null",
-        "export_hf": "false",
-    }
-    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
-    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
-    proc = train_py(*args)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    settings = _server_settings(
+        server,
+        caller_dir,
+        {
+            "trainer": "fsdp_cpu",
+            "rollout.temperature": "1.2",
+            "optimizer.lr": "1e-3",
+        },
+    )
+    out, run = _train_on_server(train_py, tiny_run_overrides, tmp_path, settings)
     assert "MEMBER: 2/2" in out
     after = http_json(f"{server.url}/stats")[1]
     assert len(after["syncs"]) - len(before["syncs"]) == 2  # one per step, not one per rank
@@ -314,9 +337,6 @@ def test_a_two_rank_fsdp_trainer_shares_the_server(
     # A rank generates one prompt a step: four prompts on the server means both ranks' shares.
     names = after["names"][len(before["names"]) :]
     assert {n.split(" ", 1)[1].rsplit("#", 1)[0] for n in names} == {s.id for s in needle_samples}
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
     assert run["weight_version"] == [0.0, 1.0]  # the ranks' mean: they agree on each step's
     assert run["update/trajectories"] == [4.0, 4.0]  # both ranks trained their share
     assert run["grad_norm"][0] > 0
@@ -330,40 +350,23 @@ def test_a_stream_run_on_two_ranks_has_one_weight_sender(
     streaming generator is the server's one client that syncs it (the trainer's engine leaves
     the syncs to it); groups run across the step boundary at staleness 1, every step trains
     whole groups within the bound, and the server ends on the last published update."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     before = http_json(f"{server.url}/stats")[1]
-    settings = {
-        "model.path": str(caller_dir),
-        "trainer": "fsdp_cpu",
-        "rollout/engine": "vllm_server",
-        "rollout.engine.server_urls": f"[{server.url}]",
-        "rollout.engine.max_model_len": "4096",
-        "rollout.mode": "stream",
-        "rollout.max_staleness": "1",
-        "algorithm.loss": "decoupled_ppo",
-        "cold_start": "null",
-        "model.freeze_vision": "true",
-        "data.batch_size": "2",
-        "rollout.group_size": "2",
-        "rollout.agent.max_new_tokens": "32",
-        "trainer.max_steps": "2",
-        "callbacks.benchmark_validation": "null",
-        "export_hf": "false",
-    }
-    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
-    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
-    proc = train_py(*args)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    settings = _server_settings(
+        server,
+        caller_dir,
+        {
+            "trainer": "fsdp_cpu",
+            "rollout.mode": "stream",
+            "rollout.max_staleness": "1",
+            "algorithm.loss": "decoupled_ppo",
+        },
+    )
+    out, run = _train_on_server(train_py, tiny_run_overrides, tmp_path, settings)
     assert "MEMBER: 2/2" in out
     after = http_json(f"{server.url}/stats")[1]
     # the generator's syncs alone: its start (version 0) and update 1, published at step 1
     assert len(after["syncs"]) - len(before["syncs"]) == 2
     assert http_json(f"{server.url}/version")[1]["version"] == 1
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
     assert run["update/trajectories"] == [4.0, 4.0]  # two whole groups a step, both ranks'
     assert max(run["rollout/token_staleness_max"]) <= 1.0
 
@@ -376,40 +379,23 @@ def test_an_async_lora_run_syncs_the_server_with_its_merged_adapters(
     server's one sender; what it sends is the merged policy (base + B A * alpha / rank). At
     staleness 0 and a learning rate where unmerged or stale weights would show, the log-probs
     the server sampled with match the trainer's recomputation after each sync."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     before = http_json(f"{server.url}/stats")[1]
-    settings = {
-        "model.path": str(caller_dir),
-        "model.lora.rank": "4",
-        "rollout/engine": "vllm_server",
-        "rollout.engine.server_urls": f"[{server.url}]",
-        "rollout.engine.max_model_len": "4096",
-        "rollout.mode": "async",
-        "rollout.max_staleness": "0",
-        "cold_start": "null",
-        "model.freeze_vision": "true",
-        "data.batch_size": "2",
-        "rollout.group_size": "2",
-        "rollout.temperature": "1.2",
-        "rollout.agent.max_new_tokens": "32",
-        "optimizer.lr": "1e-2",
-        "trainer.max_steps": "2",
-        "callbacks.benchmark_validation": "null",
-        "export_hf": "false",
-    }
-    base = [o for o in tiny_run_overrides if o.split("=", 1)[0] not in settings]
-    args = [*base, *(f"{k}={v}" for k, v in settings.items()), f"hydra.run.dir={tmp_path}"]
-    proc = train_py(*args)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    settings = _server_settings(
+        server,
+        caller_dir,
+        {
+            "model.lora.rank": "4",
+            "rollout.mode": "async",
+            "rollout.max_staleness": "0",
+            "rollout.temperature": "1.2",
+            "optimizer.lr": "1e-2",
+        },
+    )
+    _, run = _train_on_server(train_py, tiny_run_overrides, tmp_path, settings)
     after = http_json(f"{server.url}/stats")[1]
     # the generator's syncs alone: its start (version 0) and update 1, published at step 1
     assert len(after["syncs"]) - len(before["syncs"]) == 2
     assert http_json(f"{server.url}/version")[1]["version"] == 1
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    run = {k: [e.value for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
     assert run["weight_version"] == [0.0, 1.0]
     assert run["grad_norm"][0] > 0  # the adapters moved, so version 1 differs from the base
     assert max(run["loss/logprob_gap"]) < 1e-4  # the server sampled with the merged update
