@@ -22,8 +22,9 @@ The default hint is coarse ("in the second half"): a 32 s span, twice what one c
 twice; set needle_seconds below 2 or duration to 128 to make single wide crops miss too.) One
 distractor per video, placed anywhere, must be told apart by shape or colour.
 
-This module plans and draws the data; encoding is `paravt.video.writer`'s job, and it does not read
-anything back (`paravt.video.reader`, `paravt.data`).
+This module plans and draws the data; `paravt.video.questions` words the questions, encoding is
+`paravt.video.writer`'s job, and it does not read anything back (`paravt.video.reader`,
+`paravt.data`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 
 from paravt.progress import track
 from paravt.video import detail
+from paravt.video.questions import COARSE_PARTS, FAMILIES, HINTS, LETTERS, Scene
 from paravt.video.writer import write_video
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -54,13 +56,7 @@ PALETTE: dict[str, tuple[int, int, int]] = {
     "cyan": (30, 200, 210),
     "pink": (240, 90, 180),
 }
-COARSE_PARTS: dict[int, tuple[str, ...]] = {
-    2: ("first half", "second half"),
-    3: ("first third", "middle third", "last third"),
-    4: ("first quarter", "second quarter", "third quarter", "last quarter"),
-}
 SPLIT_STREAMS: dict[str, int] = {"train": 0, "eval": 1}  # independent seed streams per split
-LETTERS = "ABCD"
 
 
 # Masks of a needle of side s, from the row (y) and column (x) grids of its box.
@@ -154,104 +150,6 @@ class Needle:
         }
 
 
-@dataclass(frozen=True)
-class _Question:
-    text: str
-    answer: str
-    question_type: str
-    options: tuple[str, ...] = ()
-
-
-def _hint_coarse(rng: np.random.Generator, cfg: NeedleConfig) -> tuple[float, float, str]:
-    parts = COARSE_PARTS[cfg.coarse_span]
-    part = int(rng.integers(len(parts)))
-    span = cfg.duration / len(parts)
-    return part * span, (part + 1) * span, f"in the {parts[part]} of the video"
-
-
-def _hint_exact(rng: np.random.Generator, cfg: NeedleConfig) -> tuple[float, float, str]:
-    span = min(cfg.exact_span, cfg.duration)
-    start = float(rng.integers(0, math.floor(cfg.duration - span) + 1))
-    return start, start + span, f"between {start:g} s and {start + span:g} s"
-
-
-def _hint_none(rng: np.random.Generator, cfg: NeedleConfig) -> tuple[float, float, str]:
-    return 0.0, cfg.duration, ""
-
-
-HINTS: dict[str, Callable[[np.random.Generator, NeedleConfig], tuple[float, float, str]]] = {
-    "exact": _hint_exact,
-    "coarse": _hint_coarse,
-    "none": _hint_none,
-}
-
-
-def _options_block(options: list[str]) -> str:
-    return "\nOptions:\n" + "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(options))
-
-
-@dataclass(frozen=True)
-class _Scene:
-    """What a question builder may look at: the needles, the colours on offer, the hint."""
-
-    targets: tuple[Needle, ...]
-    others: tuple[Needle, ...]
-    palette: tuple[str, ...]
-    hint: str
-    fps: float
-    shuffle: bool = True
-    badge: str = ""  # the corner badge's stripes (family `badge` only)
-
-
-def _color_question(rng: np.random.Generator, scene: _Scene) -> _Question:
-    needle = scene.targets[0]
-    # Distractor colours go first among the wrong options, so the lure is always on offer.
-    lures = list(dict.fromkeys(n.color for n in scene.others if n.color != needle.color))
-    rest = [c for c in dict.fromkeys(scene.palette) if c != needle.color and c not in lures]
-    wrong = lures + [rest[i] for i in rng.permutation(len(rest))]
-    options = [needle.color, *wrong[:3]]
-    order = rng.permutation(len(options))
-    options = (
-        [options[i] for i in order] if scene.shuffle else sorted(options, key=scene.palette.index)
-    )
-    text = f"What colour is the {needle.shape} that appears {scene.hint or 'in the video'}?"
-    answer = LETTERS[options.index(needle.color)]
-    return _Question(text + _options_block(options), answer, "mcq", tuple(options))
-
-
-def _order_question(rng: np.random.Generator, scene: _Scene) -> _Question:
-    shown = [scene.targets[i] for i in rng.permutation(len(scene.targets))]
-    options = [f"{n.color} {n.shape}" for n in shown]
-    first = min(range(len(shown)), key=lambda i: shown[i].start)
-    where = f" {scene.hint}" if scene.hint else ""
-    text = f"Which appears first{where}: the {options[0]} or the {options[1]}?"
-    return _Question(text + _options_block(options), LETTERS[first], "mcq", tuple(options))
-
-
-def _ground_question(rng: np.random.Generator, scene: _Scene) -> _Question:
-    needle = scene.targets[0]
-    where = f" {scene.hint}" if scene.hint else ""
-    text = f"When does the {needle.color} {needle.shape} appear{where}? Answer with [start, end]."
-    start, end = needle.window(scene.fps)
-    return _Question(text, f"[{start}, {end}]", "tvg")
-
-
-def _badge_question(rng: np.random.Generator, scene: _Scene) -> _Question:
-    needle = scene.targets[0]
-    options = detail.badge_options(scene.palette, needle.shape)
-    answer = options.index(f"{needle.color} {needle.shape}, {scene.badge} stripes")
-    text = detail.badge_text(needle.shape)
-    return _Question(text + _options_block(options), LETTERS[answer], "mcq", tuple(options))
-
-
-FAMILIES: dict[str, Callable[[np.random.Generator, _Scene], _Question]] = {
-    "color": _color_question,
-    "order": _order_question,
-    "ground": _ground_question,
-    "badge": _badge_question,
-}
-
-
 def _kinds(rng: np.random.Generator, family: str, cfg: NeedleConfig) -> list[tuple[str, str, bool]]:
     """(colour, shape, is_target) of every needle: distinct-colour targets, then distractors."""
     palette, shapes = list(dict.fromkeys(cfg.palette)), list(dict.fromkeys(cfg.shapes))
@@ -310,7 +208,7 @@ def _plan(cfg: NeedleConfig, split: str, index: int) -> tuple[dict, list[Needle]
     others = tuple(n for n in needles if not n.target)
     badge = detail.BADGES[int(rng.integers(len(detail.BADGES)))] if family == "badge" else ""
     palette = tuple(cfg.palette)
-    scene = _Scene(targets, others, palette, hint, cfg.fps, cfg.shuffle_options, badge)
+    scene = Scene(targets, others, palette, hint, cfg.fps, cfg.shuffle_options, badge)
     question = FAMILIES[family](rng, scene)
     sample_id = f"needle-{split}-{index:05d}"
     row = {
