@@ -47,6 +47,8 @@ LETTERS = "ABCD"
 
 @dataclass(frozen=True)
 class Question:
+    """A question as the row stores it: text with its options block, answer, type, options."""
+
     text: str
     answer: str
     question_type: str
