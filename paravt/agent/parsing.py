@@ -33,6 +33,7 @@ import ast
 import json
 import math
 import re
+import warnings
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -254,11 +255,21 @@ def _parse_json_call(code: str, number: int, known_tools: Collection[str]) -> To
     return _build_call(name, arguments.items(), number, known_tools)
 
 
+# Model text is compiled by `ast.parse` under this file name. The compiler's warnings about it
+# ("invalid decimal literal" for `start_time=12s`, invalid escapes) would print a line to stderr
+# for every such call of every rollout and say nothing the error text does not: they are silenced
+# for this name alone, by a filter (`catch_warnings` is not thread-safe; the gateway parses in
+# threads).
+MODEL_TEXT = "<paravt model tool call>"
+for _category in (SyntaxWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", category=_category, module=re.escape(MODEL_TEXT))
+
+
 def _parse_python_call(
     code: str, number: int, known_tools: Collection[str], times_first: bool = False
 ) -> ToolCall | str:
     try:
-        node = ast.parse(code, mode="eval").body
+        node = ast.parse(code, filename=MODEL_TEXT, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return f"tool call {number} is neither JSON nor a call; write {CALL_EXAMPLE}"
     if _is_print_wrapper(node):

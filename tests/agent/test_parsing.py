@@ -433,3 +433,27 @@ def test_no_input_makes_any_dialect_raise(parts: list[str]) -> None:
         parsed = parse_tool_calls(text, max_calls=3, dialect=dialect)
         assert all((p.call is None) != (p.error is None) for p in parsed)
         assert [p.index for p in parsed] == list(range(len(parsed)))
+
+
+def test_model_text_the_compiler_warns_about_prints_nothing_and_still_gets_its_error() -> None:
+    """`start_time=12s` or an invalid escape makes Python's compiler warn (SyntaxWarning; an
+    invalid escape is a DeprecationWarning before 3.12): without the filter every such call of
+    every rollout printed a line to stderr. Run in a fresh interpreter, every warning shown."""
+    import subprocess
+    import sys
+
+    script = (
+        "from paravt.agent.parsing import parse_tool_calls\n"
+        "calls = ['crop_video(start_time=12s, end_time=20s)', 'crop_video(1is 2)',\n"
+        "         'crop_video(0x, 3)', r'crop_video(start_time=\"\\d\", end_time=2)',\n"
+        "         'crop_video(1if 2 else 3, 4)']\n"
+        "for code in calls:\n"
+        "    (p,) = parse_tool_calls('<tool_code>' + code + '</tool_code>')\n"
+        "    print(p.error is not None)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.split() == ["True"] * 5  # none of them is a valid crop_video call
