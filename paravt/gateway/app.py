@@ -175,20 +175,33 @@ class Gateway:
         }
 
     def sampling(self, body: dict[str, Any]) -> SamplingParams:
-        """OpenAI sampling fields -> `SamplingParams` (temperature 0: greedy; n must be 1)."""
+        """OpenAI sampling fields -> `SamplingParams` (temperature 0: greedy; n must be 1); a
+        field of the wrong type or out of range is a 400 naming it."""
         if body.get("n", 1) != 1:
             raise HTTPError(400, "n must be 1: each sample of a group is its own episode")
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
         temperature = body.get("temperature", 1.0)
-        try:
-            return SamplingParams(
-                max_new_tokens=min(int(cap), self.max_new_tokens),
-                temperature=float(temperature) if temperature else 1.0,
-                greedy=not temperature,
-                seed=body.get("seed"),
-            )
-        except (TypeError, ValueError) as err:
-            raise HTTPError(400, f"bad sampling fields: {err}") from err
+        if temperature is None:
+            temperature = 1.0
+        seed = body.get("seed")
+        if not _is_int(cap) or cap < 1:
+            raise HTTPError(400, f"max_tokens must be an integer >= 1, got {json.dumps(cap)}")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise HTTPError(400, f"temperature must be a number, got {json.dumps(temperature)}")
+        if not 0 <= temperature < float("inf"):  # NaN fails too
+            raise HTTPError(400, f"temperature must be finite and >= 0, got {temperature}")
+        if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
+            raise HTTPError(400, f"seed must be an integer in [0, 2**63), got {json.dumps(seed)}")
+        return SamplingParams(
+            max_new_tokens=min(cap, self.max_new_tokens),
+            temperature=float(temperature) if temperature else 1.0,
+            greedy=not temperature,
+            seed=seed,
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_app(gateway: Gateway) -> FastAPI:

@@ -92,6 +92,55 @@ class Pending:
         return GenerationRequest(ids, (*self.branch.visuals, *seg.visuals), name, seed)
 
 
+ROLES = ("system", "user", "tool", "assistant")
+
+
+def check_message(message: Any, index: int) -> None:
+    """Refuse (`RequestError`, naming the message) what no OpenAI chat message is: a role other
+    than `ROLES`, an assistant content that is not text, tool calls that are not
+    {"function": {"name": str, "arguments": str | object}} objects. User, system and tool
+    contents are checked where they are converted (`convert_message`)."""
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise RequestError(f"{where} must be an object with a role")
+    role = message.get("role")
+    if role not in ROLES:
+        raise RequestError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
+    if role != "assistant":
+        return
+    assistant_text(message, where)
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise RequestError(f"{where}.tool_calls must be a list")
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str | dict | None):
+            raise RequestError(
+                f'{where}.tool_calls[{k}] must be {{"function": {{"name": "...", '
+                f'"arguments": "<JSON>"}}}}, got {json.dumps(call)[:80]}'
+            )
+        if not isinstance(call.get("id"), str | None):
+            raise RequestError(f"{where}.tool_calls[{k}].id must be a string")
+
+
+def assistant_text(message: dict[str, Any], where: str = "an assistant message") -> str:
+    """An assistant message's content as text: a string, null (calls only) or a list of text
+    parts (OpenAI's array form), joined."""
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise RequestError(f"{where}: an assistant content must be text (a string or text parts)")
+
+
 def canonical(message: dict[str, Any]) -> str:
     """What of a request message decides its tokens: role and content, and for an assistant
     turn its tool calls (id, name, arguments as JSON values: a client that re-serialises them
@@ -103,7 +152,7 @@ def canonical(message: dict[str, Any]) -> str:
             (c.get("id"), c.get("function", {}).get("name"), _json(c.get("function", {})))
             for c in message.get("tool_calls") or ()
         ]
-        return json.dumps([role, message.get("content") or "", calls], sort_keys=True)
+        return json.dumps([role, assistant_text(message), calls], sort_keys=True)
     return json.dumps([role, message.get("content")], sort_keys=True)
 
 
@@ -142,8 +191,8 @@ class EpisodeRenderer:
         """The request's context: the current branch extended (CLEAN) or a new branch (FORK)."""
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list")
-        if any(not isinstance(m, dict) for m in messages):
-            raise RequestError("every message must be an object with a role")
+        for index, message in enumerate(messages):
+            check_message(message, index)
         if messages[-1].get("role") == "assistant":
             raise RequestError("the last message is an assistant turn: nothing to answer")
         keys = [canonical(m) for m in messages]
@@ -185,7 +234,7 @@ class EpisodeRenderer:
         clips: list[Frames] = []
         for m in messages:
             if m.get("role") == "assistant":  # few-shot turns of a first prompt: text only
-                converted.append({"role": "assistant", "content": m.get("content") or ""})
+                converted.append({"role": "assistant", "content": assistant_text(m)})
                 continue
             msg, found = convert_message(m, self.source, self.media)
             converted.append(msg)

@@ -258,6 +258,53 @@ def test_hostile_requests_get_clear_errors(url, gateway, needle_samples):
         assert reply.status_code == 200 and gateway.finish(eid)
 
 
+HI = {"role": "user", "content": "hi"}
+MALFORMED = [
+    ({"messages": [HI, {"role": "assistant", "tool_calls": "x"}, HI]}, "tool_calls must be a list"),
+    ({"messages": [HI, {"role": "assistant", "tool_calls": ["x"]}, HI]}, "tool_calls[0]"),
+    (
+        {"messages": [HI, {"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}, HI]},
+        "tool_calls[0]",
+    ),
+    ({"messages": [HI, {"role": "assistant", "content": {"a": 1}}, HI]}, "messages[1]"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "role 'robot'"),
+    ({"messages": [HI, 7]}, "messages[1]"),
+    ({"messages": [HI], "max_tokens": 1e309}, "max_tokens"),
+    ({"messages": [HI], "max_tokens": True}, "max_tokens"),
+    ({"messages": [HI], "temperature": float("nan")}, "temperature"),
+    ({"messages": [HI], "temperature": "hot"}, "temperature"),
+    ({"messages": [HI], "seed": "x"}, "seed"),
+    ({"messages": [HI], "seed": 2**64}, "seed"),
+]
+
+
+@pytest.mark.parametrize(("body", "named"), MALFORMED)
+def test_malformed_messages_and_sampling_fields_are_400s_naming_the_field(url, body, named):
+    """Shapes no OpenAI client sends: before, tool calls that were not objects raised deep in
+    the renderer (the connection dropped), and inf / NaN / a string seed reached the engine."""
+    with httpx.Client(timeout=60) as client:
+        eid = client.post(f"{url}/v1/episodes", json={}).json()["id"]
+        chat = f"{url}/episodes/{eid}/v1/chat/completions"
+        raw = json.dumps(body)  # allow_nan: Python's json reads Infinity and NaN back
+        reply = client.post(chat, content=raw, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        assert named in reply.json()["error"]["message"]
+        # The episode is unharmed: a well-formed request still gets its answer.
+        assert client.post(chat, json={"messages": [HI]}).status_code == 200
+
+
+def test_an_assistant_turn_sent_back_as_text_parts_extends_the_episode(url, gateway):
+    """OpenAI's array form of an assistant content is the same text: no fork."""
+    with httpx.Client(timeout=60) as client:
+        eid = client.post(f"{url}/v1/episodes", json={}).json()["id"]
+        chat = f"{url}/episodes/{eid}/v1/chat/completions"
+        reply = client.post(chat, json={"messages": [HI]}).json()["choices"][0]["message"]
+        parts = {**reply, "content": [{"type": "text", "text": reply["content"]}]}
+        tool = {"role": "tool", "content": "no video here"}
+        assert client.post(chat, json={"messages": [HI, parts, tool]}).status_code == 200
+        assert not gateway.get(eid).forks and len(gateway.get(eid).branches) == 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
