@@ -22,15 +22,18 @@ register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... 
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Fail on a misspelt key under a `_target_` of the light groups (plain dataclasses), or on a
-    callback named by its old global package, before anything is built or logged (both stages)."""
+    """Fail on a misspelt key or an unusable value under a `_target_` of the light groups (plain
+    dataclasses), an optimizer that refuses its arguments, or a callback named by its old global
+    package, before anything is built or logged (both stages)."""
     from hydra.utils import instantiate
 
-    from paravt.errors import check_callback_target
+    from paravt.errors import check_callback_target, check_optimizer
 
-    for group in ("model", "rollout", "algorithm", "reward"):
+    for group in ("model", "rollout", "algorithm", "reward", "prior", "cold_start"):
         if cfg.get(group) is not None and "_target_" in cfg[group]:
             instantiate(cfg[group])
+    if cfg.get("optimizer") is not None:
+        check_optimizer(instantiate(cfg.optimizer))
     for name, c in (cfg.get("callbacks") or {}).items():
         if c is not None:
             check_callback_target(name, str(c.get("_target_", "")))

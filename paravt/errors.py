@@ -9,11 +9,13 @@ heavy and never touches the filesystem beyond `exists` checks.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class UserError(Exception):
@@ -30,6 +32,55 @@ class VideoError(ValueError):
     Defined here (not in `paravt.video.reader`) so code that only handles it, such as the agent
     loop skipping a prompt whose video fails mid-step, needs no decoder import.
     """
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    least: float | None = None,
+    above: float | None = None,
+    integer: bool = False,
+    optional: bool = False,
+) -> None:
+    """Refuse a config number no run can use (`ValueError` naming the key and the value): not a
+    number (a bool is none), not finite, not an integer where one is needed, below `least` or
+    not above `above`; None passes where `optional`."""
+    if value is None and optional:
+        return
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (least is None or value >= least) and (above is None or value > above)
+    if not ok:
+        what = "an integer" if integer else "a finite number"
+        bound = f" >= {least}" if least is not None else f" > {above}" if above is not None else ""
+        raise ValueError(
+            f"{name} must be {what}{bound}{' or null' if optional else ''}, got {value!r}"
+        )
+
+
+def check_stage_numbers(group: str, cfg: Any) -> None:
+    """The numbers a supervised stage (the cold start, the prior) trains with, checked when its
+    config is read."""
+    check_number(f"{group}.lr", cfg.lr, above=0)
+    check_number(f"{group}.min_lr_ratio", cfg.min_lr_ratio, least=0)
+    check_number(f"{group}.batch_size", cfg.batch_size, least=1, integer=True)
+    for name in ("steps", "oracle_steps", "warmup_steps"):
+        check_number(f"{group}.{name}", getattr(cfg, name), least=0, integer=True)
+
+
+def check_optimizer(make: Any) -> None:
+    """Build the optimizer (`cfg.optimizer`, a `_partial_` factory) over one throw-away
+    parameter, so that a value it refuses (a negative lr, betas out of range) is a `UserError`
+    now, not after the data, the model and the cold start are built."""
+    if not callable(make):
+        raise UserError(f"optimizer must be a `_partial_: true` factory, got {make!r}")
+    import torch
+
+    try:
+        make([torch.nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError) as err:
+        raise UserError(f"optimizer: {err} (the optimizer.* keys, conf/optimizer/)") from err
 
 
 def _same_place(a: str | Path, b: str | Path) -> bool:

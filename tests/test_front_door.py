@@ -58,6 +58,27 @@ def test_a_misspelt_key_under_a_target_is_one_line(train_py, tmp_path):
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1  # nothing else
 
 
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("rollout.group_size=0", "rollout.group_size must be an integer >= 1, got 0"),
+        ("rollout.max_staleness=-1", "rollout.max_staleness must be an integer >= 0"),
+        ("rollout.temperature=0", "rollout.temperature must be a finite number > 0"),
+        ("optimizer.lr=-1", "optimizer: Invalid learning rate: -1"),
+        ("+optimizer.betas=[2,0.9]", "optimizer: Invalid beta parameter"),
+        ("cold_start.lr=0", "cold_start.lr must be a finite number > 0"),
+        ("cold_start.steps=1.5", "cold_start.steps must be an integer >= 0, got 1.5"),
+    ],
+)
+def test_an_unusable_value_fails_at_once_naming_it(train_py, tmp_path, override, named):
+    """Before, these failed minutes in (after the data, the tiny model and the cold start were
+    built: the optimizer's lr, a group of 0) or never (a negative staleness trained as 0)."""
+    result = train(train_py, tmp_path, override)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
+    assert created(tmp_path) == []  # nothing was built
+
+
 def test_hydra_full_error_still_shows_the_traceback(train_py, tmp_path):
     result = train(train_py, tmp_path, f"data.train_path={tmp_path / 'x.jsonl'}", full_error=True)
     assert result.returncode == 2  # the same exit code as without it
@@ -94,3 +115,30 @@ def test_bugs_are_not_dressed_up_as_user_errors():
     assert user_message(KeyError("x")) is None
     message = "data.train_path 'x' does not exist"
     assert user_message(InputPathError(message)) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "kw", "ok"),
+    [
+        (1, {"least": 1, "integer": True}, True),
+        (True, {"least": 0, "integer": True}, False),  # a bool is not a count
+        (2.0, {"least": 1, "integer": True}, False),
+        (float("nan"), {"above": 0}, False),
+        (float("inf"), {"least": 0}, False),
+        ("3", {"least": 0}, False),
+        (0, {"above": 0}, False),
+        (None, {"least": 1, "optional": True}, True),
+        (None, {"least": 1}, False),
+    ],
+)
+def test_check_number_refuses_what_no_run_can_use(value, kw, ok):
+    from paravt.errors import check_number
+    from paravt.run.prior import PriorConfig
+
+    if ok:
+        check_number("x.y", value, **kw)
+    else:
+        with pytest.raises(ValueError, match=r"^x\.y must be "):
+            check_number("x.y", value, **kw)
+    with pytest.raises(ValueError, match=r"prior\.batch_size must be an integer >= 1"):
+        PriorConfig(batch_size=0)

@@ -14,6 +14,7 @@ from typing import Any
 from paravt.agent.loop import AgentConfig
 from paravt.agent.toolkit import build_toolbox
 from paravt.agent.tools import CropConfig, CropVideoTool
+from paravt.errors import check_number
 from paravt.rollout.consistency import check_mode as check_consistency_mode
 from paravt.rollout.engine import EngineConfig
 from paravt.rollout.factory import check_engine_name
@@ -88,6 +89,7 @@ class RolloutConfig:
     agent_idle_s: float | None = 600.0
 
     def __post_init__(self) -> None:
+        self._check_numbers()
         check_consistency_mode(self.consistency)
         object.__setattr__(self, "toolbox", tuple(self.toolbox))  # Hydra gives a ListConfig
         build_toolbox(self.toolbox)  # a bad list fails when the config is checked
@@ -130,3 +132,14 @@ class RolloutConfig:
                 f"rollout.generator_timeout_s must be > 0 seconds or null (wait for ever), "
                 f"got {self.generator_timeout_s!r}"
             )
+
+    def _check_numbers(self) -> None:
+        """What no run can use, refused when the config is read (not minutes later, after the
+        data and the cold start are built)."""
+        for name, least in (("group_size", 1), ("frame_budget", 1), ("max_concurrent", 1)):
+            check_number(f"rollout.{name}", getattr(self, name), least=least, integer=True)
+        check_number("rollout.max_staleness", self.max_staleness, least=0, integer=True)
+        check_number("rollout.temperature", self.temperature, above=0)  # RL samples
+        for name in ("generator_cores", "buffer_groups"):
+            value = getattr(self, name)
+            check_number(f"rollout.{name}", value, least=1, integer=True, optional=True)

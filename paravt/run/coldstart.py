@@ -30,6 +30,7 @@ from paravt.agent.scripts import (
     opened,
     teacher_plan,
 )
+from paravt.errors import check_stage_numbers
 from paravt.modules.sft import SFTModule, example_from_trajectory
 from paravt.progress import track
 from paravt.rollout.engine import SamplingParams
@@ -82,6 +83,7 @@ class ColdStartConfig:
     prior_replay: float = 0.0
 
     def __post_init__(self) -> None:
+        check_stage_numbers("cold_start", self)
         if not 0.0 <= self.prior_replay < 1.0:
             raise ValueError(f"cold_start.prior_replay must be in [0, 1), got {self.prior_replay}")
 

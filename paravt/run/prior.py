@@ -43,6 +43,7 @@ import torch
 
 from paravt.agent.loop import AgentLoop
 from paravt.agent.scripts import distinct_question_batches, needle_teacher, opened, teacher_plan
+from paravt.errors import check_stage_numbers
 from paravt.rl.metrics import PRIOR_TAG
 from paravt.rollout.engine import SamplingParams
 from paravt.rollout.engines.scripted import ScriptedEngine
@@ -93,6 +94,7 @@ class PriorConfig:
     stage_think: str = "forced"
 
     def __post_init__(self) -> None:
+        check_stage_numbers("prior", self)
         if self.stage_think not in STAGE_THINK:
             raise ValueError(
                 f"prior.stage_think must be one of {STAGE_THINK}, got {self.stage_think!r}"
