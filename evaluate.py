@@ -30,7 +30,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.errors import UserError, check_model_path
+from paravt.errors import UserError, check_model_path, user_message
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.judging import check_fallbacks, check_max_share, fallback_warning, judge_line
 from paravt.eval.results import check_run_identity, load_metrics, primary_scoring
@@ -48,10 +48,17 @@ log = logging.getLogger("evaluate")
 
 
 def pick_device(name: str) -> str:
+    """`device`: auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
+    import re
+
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(name)):
+        raise UserError(f"device={name!r}: choose auto, cpu, cuda or cuda:N")
+    if name != "cpu" and not torch.cuda.is_available():
+        raise UserError(f"device={name} but no CUDA GPU is visible: use device=auto or cpu")
     return name
 
 
@@ -259,8 +266,13 @@ def main(cfg: DictConfig) -> dict[str, float]:
 
     try:
         return evaluate(cfg, list(HydraConfig.get().overrides.task))
-    except (AnnotationError, FileNotFoundError, VideoError, ValueError, UserError) as error:
-        print(f"evaluate.py: error: {error}", file=sys.stderr)
+    except Exception as error:
+        known = (AnnotationError, FileNotFoundError, VideoError, ValueError, UserError)
+        # else a bad value under a `_target_` (Hydra's InstantiationException), or a bug
+        message = str(error) if isinstance(error, known) else user_message(error, "evaluate.py")
+        if message is None:
+            raise
+        print(f"evaluate.py: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

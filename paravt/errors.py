@@ -168,8 +168,9 @@ def exit_on_user_error() -> Iterator[None]:
         sys.exit(2)
 
 
-def user_message(error: BaseException) -> str | None:
-    """The one-line message for a user's mistake, or None for an error that is a bug."""
+def user_message(error: BaseException, script: str = "train.py") -> str | None:
+    """The one-line message for a user's mistake, or None for an error that is a bug (`script`:
+    the entry point its hint names)."""
     if isinstance(error, UserError):
         return str(error)
     cause = error.__cause__
@@ -180,7 +181,7 @@ def user_message(error: BaseException) -> str | None:
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else ""
         return (
             f"config error: {first} {detail};{_did_you_mean(first, cause)} check the key names "
-            "against the conf/ file of that group (`python train.py --cfg job` prints the "
+            f"against the conf/ file of that group (`python {script} --cfg job` prints the "
             "composed config)"
         )
     return None

@@ -68,6 +68,38 @@ def test_a_missing_model_path_is_an_error_and_creates_nothing(tmp_path):
     assert not target.exists() and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("device=tpu", "device='tpu': choose auto, cpu, cuda or cuda:N"),
+        ("device=cuda:x", "device='cuda:x': choose auto, cpu, cuda or cuda:N"),
+        ("rollout.agent.max_rounds=-1", "max_rounds must be >= 0, got -1"),
+    ],
+)
+def test_an_unusable_value_is_one_line_and_exit_2(
+    override, named, tiny_qwen3_dir, needle_dir, tmp_path
+):
+    """Before, a bad device was torch's RuntimeError and a bad value under a `_target_` Hydra's
+    traceback; now one line naming it (`python evaluate.py --cfg job` in the hint)."""
+    run = forkserver.run(
+        [
+            str(ROOT / "evaluate.py"),
+            f"model.path={tiny_qwen3_dir}",
+            "model.build_tiny=null",
+            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+            f"out_dir={tmp_path / 'o'}",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+            override,
+        ],
+        tmp_path / "logs",
+        ROOT,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("evaluate.py: error: ") and named in last
+    assert "Traceback" not in run.stderr and "train.py" not in last
+
+
 def test_mode_presets_compose_one_call_cap_and_no_tool_prompt():
     from evaluate import protocol_of
 
