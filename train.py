@@ -28,10 +28,9 @@ def check_config(cfg: DictConfig) -> None:
     from hydra.utils import instantiate
 
     from paravt.errors import check_callback_target, check_optimizer
+    from paravt.run.recipe_problems import check_light_groups
 
-    for group in ("model", "rollout", "algorithm", "reward", "prior", "cold_start"):
-        if cfg.get(group) is not None and "_target_" in cfg[group]:
-            instantiate(cfg[group])
+    check_light_groups(cfg)
     if cfg.get("optimizer") is not None:
         check_optimizer(instantiate(cfg.optimizer))
     for name, c in (cfg.get("callbacks") or {}).items():

@@ -72,6 +72,37 @@ def test_configs_that_cannot_run_exit_2_naming_the_fix(overrides, fix, capsys):
 
 
 @pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("rollout.group_size=0", "rollout.group_size must be an integer >= 1, got 0"),
+        ("rollout.temperature=0", "rollout.temperature must be a finite number > 0"),
+        ("+model.pathh=/m", "pathh"),
+    ],
+)
+def test_values_train_py_refuses_are_errors_here_too(override, named, capsys):
+    """check-recipe said "recipe OK" to what train.py refuses at start (its light groups)."""
+    base = ["experiment=paragrpo", "trainer.devices=8", "model.path=/m/Qwen3-VL-8B-Instruct"]
+    assert main([*base, override]) == 2
+    errors = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and named in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["data.frame_budgets=[]"], "did you mean 'cold_start.frame_budgets'"),
+        (["experiment=nope"], "available: demo"),
+        (["model.path"], "Error parsing override 'model.path'"),
+    ],
+)
+def test_overrides_hydra_refuses_are_one_error_line_and_hints(overrides, said, capsys):
+    assert main(overrides) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paravt check-recipe: error: ") and said in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize(
     ("overrides", "fix"),
     [
         (["model.lora.rank=16", "model.lora.load_in_4bit=true"], "model.lora.load_in_4bit=false"),

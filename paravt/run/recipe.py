@@ -18,8 +18,10 @@ from pathlib import Path
 
 from paravt.run.recipe_memory import memory_report, server_report
 from paravt.run.recipe_problems import (
+    CONF,
     Problem,
     compose,
+    config_problems,
     device_count_problems,
     files_to_open,
     missing_installs,
@@ -52,7 +54,7 @@ def check(
 ) -> tuple[str, int]:
     """(report, exit code) for one job's overrides."""
     cfg = compose(overrides)
-    found = problems(cfg) + device_count_problems(cfg, gpus_per_node)
+    found = config_problems(cfg) + problems(cfg) + device_count_problems(cfg, gpus_per_node)
     lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
     lines.append(placement(cfg))
     lines += [f"note: {n}" for n in notes(cfg)]
@@ -91,9 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, overrides = parser.parse_known_args(argv)
     overrides = [o for o in overrides if o not in ("-m", "--multirun")]
+    from hydra.errors import HydraException
+
     code = 0
-    for job in expand_sweep(overrides):
-        report, job_code = check(job, args.gpu_gb, args.require_files, args.gpus_per_node)
-        print(report)
-        code = max(code, job_code)
+    try:
+        for job in expand_sweep(overrides):
+            report, job_code = check(job, args.gpu_gb, args.require_files, args.gpus_per_node)
+            print(report)
+            code = max(code, job_code)
+    except HydraException as error:  # an override Hydra cannot parse or compose
+        return refuse_overrides(error, overrides)
     return code
+
+
+def refuse_overrides(error: Exception, overrides: list[str]) -> int:
+    """Hydra's own message in one line and train.py's "did you mean" hints; exit code 2."""
+    import sys
+
+    from paravt.config_hints import typo_hints
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()][:2]
+    print(f"paravt check-recipe: error: {' '.join(lines) or repr(error)}", file=sys.stderr)
+    for line in typo_hints(CONF, "train", overrides):
+        print(line, file=sys.stderr)
+    return 2

@@ -404,6 +404,35 @@ def files_to_open(cfg: DictConfig) -> list[tuple[str, str]]:
 
 
 # ---- the config as train.py composes it ----------------------------------------------------
+# The config groups that are plain dataclasses under a `_target_`: instantiating one checks its
+# keys and values and builds nothing heavy (train.py does it before anything is built).
+LIGHT_GROUPS = ("model", "rollout", "algorithm", "reward", "prior", "cold_start")
+
+
+def check_light_groups(cfg: DictConfig) -> None:
+    """Instantiate each of `LIGHT_GROUPS` that `cfg` has: a misspelt key or a value no run can
+    use raises (Hydra's InstantiationException, its cause naming the key)."""
+    from hydra.utils import instantiate
+
+    for group in LIGHT_GROUPS:
+        if cfg.get(group) is not None and "_target_" in cfg[group]:
+            instantiate(cfg[group])
+
+
+def config_problems(cfg: DictConfig) -> list[Problem]:
+    """`check_light_groups` as a `Problem` (check-recipe prints it beside the others)."""
+    from paravt.errors import user_message
+
+    try:
+        check_light_groups(cfg)
+    except Exception as error:
+        message = user_message(error)
+        if message is None:
+            raise
+        return [Problem(message, "correct that override (train.py refuses the same at start)")]
+    return []
+
+
 def compose(overrides: list[str]) -> DictConfig:
     """The config `train.py` composes from `overrides` (conf/train.yaml, same defaults)."""
     from hydra import compose as hydra_compose
