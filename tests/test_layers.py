@@ -74,8 +74,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("paravt.generator",),  # the asynchronous rollout generator process and its messages
     ("paravt.modules",),  # Lightning objects
     ("paravt.callbacks",),  # Lightning callbacks (the top-level callbacks/ folder)
-    ("paravt.run",),  # run assembly, cold start, reports, `paravt rollout`
-    ("paravt.cli", "paravt.sweep", "paravt.config_hints", "paravt.lmms"),  # entry points, plugins
+    # run assembly, cold start, reports, `paravt rollout`; the override hints train.py,
+    # evaluate.py and check-recipe print (config_hints imports nothing of paravt)
+    ("paravt.run", "paravt.config_hints"),
+    ("paravt.cli", "paravt.sweep", "paravt.lmms"),  # entry points, plugins
 ]
 ROOT = Path(__file__).resolve().parents[1]
 

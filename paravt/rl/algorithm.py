@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paravt.errors import check_number
 from paravt.rewards.compose import anchored
 from paravt.rewards.structural import STRUCTURAL_TAGS
 from paravt.rl import importance
@@ -62,6 +63,7 @@ class AlgorithmConfig:
     mask_truncated: bool = False
 
     def __post_init__(self) -> None:
+        self._check_numbers()
         get_kl_estimator(self.kl_estimator)
         if self.kl_coef > 0 and not self.kl_in_reward and self.kl_estimator == "k1":
             raise ValueError(
@@ -76,6 +78,22 @@ class AlgorithmConfig:
         if self.engine_is_cap < 1.0:
             raise ValueError(f"algorithm.engine_is_cap must be >= 1, got {self.engine_is_cap}")
         self._check_correction()
+
+    def _check_numbers(self) -> None:
+        """The numbers the loss and the update use, checked here rather than at the first step
+        (the losses check their clip range and cap again when called)."""
+        if not 0 <= self.clip_low < 1:  # NaN fails too
+            raise ValueError(f"algorithm.clip_low must be in [0, 1), got {self.clip_low!r}")
+        check_number("algorithm.clip_high", self.clip_high, least=0)
+        check_number("algorithm.iw_cap", self.iw_cap, least=1, optional=True)
+        for name in ("kl_coef", "anchor_coef"):
+            check_number(f"algorithm.{name}", getattr(self, name), least=0)
+        for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_tokens"):
+            check_number(f"algorithm.{name}", getattr(self, name), least=1, integer=True)
+        check_number(
+            "algorithm.norm_length", self.norm_length, least=1, integer=True, optional=True
+        )
+        check_number("algorithm.max_grad_norm", self.max_grad_norm, least=0, optional=True)
 
     def _check_correction(self) -> None:
         """The behaviour-weight rule must change the loss it is set beside: plain ppo applies no

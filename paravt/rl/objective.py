@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from paravt.errors import check_number
 from paravt.rl.advantages import (
     Sums,
     batch_normalize,
@@ -50,6 +51,12 @@ class AdvantageConfig:
     drop_zero_variance: bool = False
     # Group std with Bessel's correction (G - 1), as verl and TRL: see grpo_advantages.
     unbiased_std: bool = True
+
+    def __post_init__(self) -> None:
+        get_advantage_fn(self.estimator)  # a known name, before the first step
+        for name in ("shaping_scale", "shaping_shift"):
+            check_number(f"algorithm.advantage.{name}", getattr(self, name))
+        check_number("algorithm.advantage.shaping_clip", self.shaping_clip, above=0)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,30 @@ def test_refusals_name_the_fix():
         PARAGRPOLoss(loss="tis", engine_is_correction="mis")
 
 
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"clip_low": 1.0}, r"algorithm\.clip_low must be in \[0, 1\), got 1\.0"),
+        ({"clip_low": float("nan")}, r"algorithm\.clip_low"),
+        ({"clip_high": -0.1}, r"algorithm\.clip_high must be a finite number >= 0"),
+        ({"iw_cap": 0.5}, r"algorithm\.iw_cap must be a finite number >= 1 or null"),
+        ({"kl_coef": -0.01}, r"algorithm\.kl_coef"),
+        ({"anchor_coef": float("inf")}, r"algorithm\.anchor_coef"),
+        ({"ppo_epochs": 0}, r"algorithm\.ppo_epochs must be an integer >= 1"),
+        ({"micro_batch_tokens": 0}, r"algorithm\.micro_batch_tokens"),
+        ({"norm_length": 0}, r"algorithm\.norm_length"),
+        ({"max_grad_norm": -1.0}, r"algorithm\.max_grad_norm"),
+    ],
+)
+def test_numbers_no_update_can_use_are_refused_on_construction(knobs, named):
+    """Before, a clip range or cap was refused at the first step's loss, and a negative KL or
+    anchor coefficient, or zero PPO epochs, was never refused."""
+    with pytest.raises(ValueError, match=named):
+        AlgorithmConfig(**knobs)
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'"):
+        AdvantageConfig(estimator="ppo")  # before, at the first step's advantages
+
+
 def test_the_knobs_and_their_defaults_are_the_reference_recipe():
     conf = OmegaConf.load(ROOT / "conf" / "algorithm" / "paragrpo.yaml")
     from_yaml = instantiate(conf, _convert_="all")
