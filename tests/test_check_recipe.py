@@ -77,6 +77,8 @@ def test_configs_that_cannot_run_exit_2_naming_the_fix(overrides, fix, capsys):
         ("rollout.group_size=0", "rollout.group_size must be an integer >= 1, got 0"),
         ("rollout.temperature=0", "rollout.temperature must be a finite number > 0"),
         ("+model.pathh=/m", "pathh"),
+        ("model.dtype=foo", "model.dtype='foo'"),  # before: a traceback from the memory plan
+        ("rollout.engine.dtype=foo", "rollout.engine.dtype='foo'"),
     ],
 )
 def test_values_train_py_refuses_are_errors_here_too(override, named, capsys):

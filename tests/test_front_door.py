@@ -68,11 +68,17 @@ def test_a_misspelt_key_under_a_target_is_one_line(train_py, tmp_path):
         ("+optimizer.betas=[2,0.9]", "optimizer: Invalid beta parameter"),
         ("cold_start.lr=0", "cold_start.lr must be a finite number > 0"),
         ("cold_start.steps=1.5", "cold_start.steps must be an integer >= 0, got 1.5"),
+        ("model.dtype=foo", "model.dtype='foo': choose one of float32"),
+        ("model.tiny.hidden_size=0", "model.tiny.hidden_size must be an integer >= 1, got 0"),
+        ("model.tiny.num_heads=3", "model.tiny.hidden_size=64 over num_heads=3"),
+        ("+model.tiny.hiden=3", "unexpected keyword argument 'hiden'; valid keys"),
+        ("rollout.engine.dtype=foo", "rollout.engine.dtype='foo': choose one of auto"),
     ],
 )
 def test_an_unusable_value_fails_at_once_naming_it(train_py, tmp_path, override, named):
     """Before, these failed minutes in (after the data, the tiny model and the cold start were
-    built: the optimizer's lr, a group of 0) or never (a negative staleness trained as 0)."""
+    built: the optimizer's lr, a group of 0), as a traceback when the model was built (a dtype,
+    a tiny size) or never (a negative staleness was accepted)."""
     result = train(train_py, tmp_path, override)
     assert result.returncode == 2, result.stderr
     assert named in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr

@@ -37,6 +37,33 @@ class PolicySpec:
     tiny: Mapping[str, Any] | None = None  # TinyModelConfig sizes when build_tiny is set
     lora: Mapping[str, Any] | None = None  # paravt.models.lora.LoraSpec; rank 0: no adapters
 
+    def __post_init__(self) -> None:
+        """A dtype, tiny size or LoRA setting that cannot load fails when the config is read,
+        not when the model is built."""
+        from paravt.models.lora import lora_spec
+
+        for key, name in (("dtype", self.dtype), ("compute_dtype", self.compute_dtype)):
+            if name not in LOAD_DTYPES and not (key == "compute_dtype" and name is None):
+                raise ValueError(f"model.{key}={name!r}: choose one of {', '.join(LOAD_DTYPES)}")
+        if self.build_tiny is not None:
+            tiny_config(self.build_tiny, self.tiny)
+        lora_spec(self.lora)
+
+
+# The torch dtypes a checkpoint loads in (`model.dtype`) and FSDP2 computes in.
+LOAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def tiny_config(arch: str, sizes: Mapping[str, Any] | None) -> TinyModelConfig:
+    """`model.build_tiny` and `model.tiny` as a `TinyModelConfig` (ValueError naming the key)."""
+    if arch not in ARCHS:
+        raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {arch!r}")
+    try:
+        return TinyModelConfig(arch=arch, **dict(sizes or {}))
+    except TypeError as err:
+        keys = list(TinyModelConfig.__annotations__)
+        raise ValueError(f"model.tiny: {err}; valid keys: {keys}") from None
+
 
 def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
     """Build the tiny checkpoint at `path` unless one built from the same config is there.
@@ -44,13 +71,7 @@ def ensure_tiny(path: Path, arch: str, sizes: Mapping[str, Any] | None) -> None:
     A tiny checkpoint built from other sizes (its `paravt_tiny.json` differs) is rebuilt, so
     `model.tiny.*` overrides are never silently ignored.
     """
-    if arch not in ARCHS:
-        raise ValueError(f"model.build_tiny must be one of {ARCHS}, got {arch!r}")
-    try:
-        cfg = TinyModelConfig(arch=arch, **dict(sizes or {}))
-    except TypeError as err:
-        keys = list(TinyModelConfig.__annotations__)
-        raise ValueError(f"model.tiny: {err}; valid keys: {keys}") from None
+    cfg = tiny_config(arch, sizes)
     if tiny_config_matches(path, cfg):
         return
     if (path / "config.json").exists() and not (path / "paravt_tiny.json").exists():

@@ -102,6 +102,13 @@ def chat_template(arch: Arch) -> str:
     return _CHAT_TEMPLATE.replace("__VIDEO__", _VIDEO_PART[arch])
 
 
+# The size fields of `TinyModelConfig`, each an integer >= 1.
+SIZES = tuple(
+    "vocab_size hidden_size num_layers num_heads num_kv_heads intermediate_size vision_depth "
+    "vision_hidden_size vision_heads vision_intermediate_size max_position_embeddings".split()
+)
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """Sizes of the tiny checkpoint; defaults keep a forward+generate with a video under 1 s."""
@@ -120,6 +127,32 @@ class TinyModelConfig:
     max_position_embeddings: int = 8192
     seed: int = 0
     tokenizer: str = "tiny"  # "qwen": real vocabulary, model vocab 151,936 (vocab_size unused)
+
+    def __post_init__(self) -> None:
+        """Sizes a model can be built from (`model.tiny.*`), refused with the key named."""
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.tiny: arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(
+                f"unknown tokenizer {self.tokenizer!r}: choose one of {', '.join(TOKENIZERS)}"
+            )
+        for name in SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.tiny.{name} must be an integer >= 1, got {value!r}")
+        # Rotary halves per head, and M-RoPE's three sections of at least one frequency each.
+        for hidden, heads in (("hidden_size", "num_heads"), ("vision_hidden_size", "vision_heads")):
+            size, count = getattr(self, hidden), getattr(self, heads)
+            if size % count or (size // count) % 2 or size // count < 8:
+                raise ValueError(
+                    f"model.tiny.{hidden}={size} over {heads}={count} must give an even head "
+                    "size >= 8 (e.g. hidden_size=64, num_heads=2)"
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.tiny.num_heads={self.num_heads} must be a multiple of num_kv_heads="
+                f"{self.num_kv_heads}"
+            )
 
 
 _WORDS = (

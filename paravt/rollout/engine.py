@@ -118,6 +118,10 @@ class RolloutEngine(Protocol):
         ...
 
 
+# What `rollout.engine.dtype` may name: "auto" (the policy's load dtype) or a torch / vLLM name.
+ENGINE_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float", "float64")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Which engine and its options. The vLLM fields are ignored by the transformers engine.
@@ -186,6 +190,10 @@ class EngineConfig:
             )
         if self.sync_bucket_mb < 1:
             raise ValueError(f"sync_bucket_mb must be >= 1, got {self.sync_bucket_mb}")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(
+                f"rollout.engine.dtype={self.dtype!r}: choose one of {', '.join(ENGINE_DTYPES)}"
+            )
         if self.weight_transfer not in ("checkpoint", "nccl"):
             raise ValueError(
                 f"weight_transfer must be 'checkpoint' (a full checkpoint on shared disk or "

@@ -88,6 +88,7 @@ DTYPES = {
     "half": (2, "fp16"),
     "float32": (4, "fp32"),
     "float": (4, "fp32"),
+    "float64": (8, "fp64"),
 }
 
 

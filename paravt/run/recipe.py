@@ -54,7 +54,8 @@ def check(
 ) -> tuple[str, int]:
     """(report, exit code) for one job's overrides."""
     cfg = compose(overrides)
-    found = config_problems(cfg) + problems(cfg) + device_count_problems(cfg, gpus_per_node)
+    bad = config_problems(cfg)  # values train.py refuses: no memory plan is made from them
+    found = bad + problems(cfg) + device_count_problems(cfg, gpus_per_node)
     lines = [f"recipe: {' '.join(overrides) or '(defaults)'}", f"world size: {world_size(cfg)}"]
     lines.append(placement(cfg))
     lines += [f"note: {n}" for n in notes(cfg)]
@@ -64,7 +65,9 @@ def check(
         lines.append(f"file {key}: {path} ({'found' if ok else 'missing'})")
         if require_files and not ok:
             found.append(Problem(f"{key} names {path}, which does not exist", f"{key}=<a path>"))
-    if cfg.get("stage", "rl") != "sft":
+    if bad:
+        lines.append("memory plan: none until the config errors below are fixed")
+    elif cfg.get("stage", "rl") != "sft":
         text, over = memory_report(cfg, gpu_gb, overrides)
         server_text, server_over = server_report(cfg, gpu_gb)
         lines += [text, server_text] if server_text else [text]
