@@ -21,7 +21,8 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import LoadReport, epoch_order, load_samples
-from paravt.errors import check_data_path, generation_dir, may_generate_data
+from paravt.data.schemas import LAYOUTS
+from paravt.errors import UserError, check_data_path, generation_dir, may_generate_data
 from paravt.parallel.collectives import on_rank0
 from paravt.parallel.distributed import shard_bounds, shard_prompts
 from paravt.types import Sample
@@ -96,6 +97,8 @@ class PromptDataModule(pl.LightningDataModule):
         fail_fast: bool = False,
     ):
         super().__init__()
+        if layout not in LAYOUTS:
+            raise UserError(f"data.layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
         self.train_path, self.eval_path = train_path, eval_path
         self.batch_size, self.max_steps = batch_size, max_steps
         self.seed, self.shuffle, self.layout = seed, shuffle, layout
@@ -115,7 +118,11 @@ class PromptDataModule(pl.LightningDataModule):
             from paravt.video.synthetic import NeedleConfig, ensure_needle_data
 
             out = generation_dir(self.train_path, out_dir)
-            if ensure_needle_data(NeedleConfig(**gen), out):
+            try:
+                needle = NeedleConfig(**gen)
+            except (TypeError, ValueError) as err:  # a key or value of data.generate
+                raise UserError(f"data.generate: {err}") from err
+            if ensure_needle_data(needle, out):
                 log.info("generated synthetic needle data in %s", out)
 
     def setup(self, stage: str | None = None) -> None:
@@ -131,7 +138,12 @@ class PromptDataModule(pl.LightningDataModule):
         self.load_report = report
         log.info("loaded %d/%d training prompts from %s", report.kept, report.total, report.path)
         if not self.train_samples:
-            raise ValueError(f"no usable training prompts in {self.train_path}: {report.skipped}")
+            why = "it has no rows" if not report.total else f"all {report.total} rows were skipped"
+            first = "; ".join(f"{i}: {problem}" for i, problem in report.skipped[:3])
+            raise UserError(
+                f"no usable training prompts in {self.train_path}: {why}"
+                + (f" (first: {first})" if first else "")
+            )
         if self.eval_path and Path(self.eval_path).exists():
             self.eval_samples, _ = load_samples(self.eval_path, layout=self.layout)
 

@@ -169,6 +169,7 @@ _LAYOUTS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], str, str], t
     "paravt": _paravt_targets,
     "verl": _verl_targets,
 }
+LAYOUTS = ("auto", *_LAYOUTS)  # what `layout` (config `data.layout`) may name
 
 
 def infer_question_type(answer: str, question: str) -> str:

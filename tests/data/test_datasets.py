@@ -155,12 +155,6 @@ def test_limit_counts_kept_samples(data_dir):
         load_samples(path, limit=-1)
 
 
-def test_forced_layout_is_passed_through(data_dir):
-    path = write_jsonl(data_dir / "train.jsonl", [row(0)])
-    _, report = load_samples(path, layout="nope")
-    assert report.kept == 0 and "unknown layout 'nope'" in report.skipped[0][1]
-
-
 def test_written_back_rows_load_identically(data_dir):
     samples, _ = load_samples(write_jsonl(data_dir / "a.jsonl", [row(0), row(1)]))
     rows = [sample_to_row(s, base_dir=data_dir) for s in samples]
@@ -236,3 +230,27 @@ def test_epoch_order_without_shuffle_and_edge_sizes():
     assert epoch_order(1, epoch=3, seed=5, shuffle=True) == [0]
     with pytest.raises(ValueError, match="num must be >= 0"):
         epoch_order(-1, epoch=0, seed=0, shuffle=True)
+
+
+def test_an_unknown_layout_and_unusable_data_are_one_user_error(tmp_path, data_dir):
+    """Before: an unknown layout skipped every row one by one and then failed with all of
+    them in one ValueError; a bad `data.generate` value was NeedleConfig's bare ValueError; a
+    file with no rows said `()`."""
+    from paravt.data.prompt_datamodule import PromptDataModule
+    from paravt.errors import UserError
+
+    with pytest.raises(UserError, match=r"data\.layout='veRL': choose one of auto, paravt, verl"):
+        load_samples(data_dir / "train.jsonl", layout="veRL")
+    with pytest.raises(UserError, match=r"data\.layout='x'"):
+        PromptDataModule(str(data_dir / "train.jsonl"), layout="x")
+    out = tmp_path / "gen"
+    bad = PromptDataModule(str(out / "train.jsonl"), generate={"out_dir": str(out), "hint": "x"})
+    with pytest.raises(UserError, match=r"^data\.generate: NeedleConfig: hint must be one of"):
+        bad.prepare_data()
+    assert not out.exists()  # nothing was generated
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(UserError, match=r"empty\.jsonl: it has no rows$"):
+        PromptDataModule(str(tmp_path / "empty.jsonl")).setup()
+    (tmp_path / "bad.jsonl").write_text('{"prompt": 3}\n')
+    with pytest.raises(UserError, match=r"all 1 rows were skipped \(first: row-0: "):
+        PromptDataModule(str(tmp_path / "bad.jsonl")).setup()
