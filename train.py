@@ -22,14 +22,16 @@ register_run_dirs()  # conf/train.yaml's hydra.run.dir: runs/NAME, or NAME-2... 
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Fail on a misspelt key or an unusable value under a `_target_` of the light groups (plain
-    dataclasses), an optimizer that refuses its arguments, or a callback named by its old global
-    package, before anything is built or logged (both stages)."""
+    """Fail on a resume checkpoint that does not exist, a misspelt key or an unusable value under
+    a `_target_` of the light groups (plain dataclasses), an optimizer that refuses its arguments,
+    or a callback named by its old global package, before anything is built or logged (both
+    stages)."""
     from hydra.utils import instantiate
 
-    from paravt.errors import check_callback_target, check_optimizer
+    from paravt.errors import check_callback_target, check_ckpt_path, check_optimizer
     from paravt.run.recipe_problems import check_light_groups
 
+    check_ckpt_path(cfg.get("ckpt_path"))
     check_light_groups(cfg)
     if cfg.get("optimizer") is not None:
         check_optimizer(instantiate(cfg.optimizer))

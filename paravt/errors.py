@@ -103,6 +103,21 @@ def may_generate_data(train_path: str, generate_out_dir: str | None) -> bool:
     return _same_place(Path(train_path).parent, generate_out_dir)
 
 
+# `ckpt_path` values Lightning resolves itself (checkpoints it finds in the run's folders).
+CKPT_KEYWORDS = ("last", "best", "hpc", "registry")
+
+
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """Raise `InputPathError` for a resume checkpoint that does not exist (a file, or a sharded
+    checkpoint's folder), before anything is built; Lightning's own keywords pass."""
+    if not ckpt_path or str(ckpt_path) in CKPT_KEYWORDS or Path(ckpt_path).expanduser().exists():
+        return
+    raise InputPathError(
+        f"ckpt_path {ckpt_path!r} does not exist; ckpt_path=last resumes the newest checkpoint "
+        "of runs/NAME (runs/NAME/checkpoints/), or name a .ckpt file or sharded folder"
+    )
+
+
 def check_data_path(train_path: str, generate: bool, generate_out_dir: str | None) -> None:
     """Raise `InputPathError` unless train_path exists or will be generated where asked."""
     if Path(train_path).expanduser().exists():

@@ -73,12 +73,14 @@ def test_a_misspelt_key_under_a_target_is_one_line(train_py, tmp_path):
         ("model.tiny.num_heads=3", "model.tiny.hidden_size=64 over num_heads=3"),
         ("+model.tiny.hiden=3", "unexpected keyword argument 'hiden'; valid keys"),
         ("rollout.engine.dtype=foo", "rollout.engine.dtype='foo': choose one of auto"),
+        ("ckpt_path=/nonexistent/x.ckpt", "ckpt_path '/nonexistent/x.ckpt' does not exist"),
     ],
 )
 def test_an_unusable_value_fails_at_once_naming_it(train_py, tmp_path, override, named):
     """Before, these failed minutes in (after the data, the tiny model and the cold start were
-    built: the optimizer's lr, a group of 0), as a traceback when the model was built (a dtype,
-    a tiny size) or never (a negative staleness was accepted)."""
+    built: the optimizer's lr, a group of 0, a resume checkpoint that is not there), as a
+    traceback when the model was built (a dtype, a tiny size) or never (a negative staleness was
+    accepted)."""
     result = train(train_py, tmp_path, override)
     assert result.returncode == 2, result.stderr
     assert named in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
