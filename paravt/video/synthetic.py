@@ -342,11 +342,19 @@ def _weights(text: str) -> tuple[tuple[str, float], ...]:
     return tuple((name.strip(), float(weight)) for name, weight in pairs)
 
 
+def _flag(text: str) -> bool:
+    """true / false (also 1 / 0, yes / no); anything else is refused, not read as false."""
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "0", "false", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false (got {text!r})")
+    return value in ("1", "true", "yes")
+
+
 _CLI_TYPES: dict[str, Callable[[str], object]] = {
     "palette": _names,
     "shapes": _names,
     "families": _weights,
-    "shuffle_options": lambda text: text.strip().lower() in ("1", "true", "yes"),
+    "shuffle_options": _flag,
 }
 
 

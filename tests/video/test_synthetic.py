@@ -317,6 +317,12 @@ def test_cli_help_shows_every_default_in_the_form_its_option_takes(tmp_path, cap
 def test_cli_reports_bad_knobs(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--width", "63"]) == 2
     assert "width and height must be even" in capsys.readouterr().err
+    # A flag that is neither true nor false was read as false (no shuffling), silently.
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--shuffle-options", "maybe"])
+    assert (
+        exited.value.code == 2 and "expected true or false (got 'maybe')" in capsys.readouterr().err
+    )
 
 
 def test_data_is_regenerated_when_its_config_differs_and_kept_when_not(tmp_path):
