@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -64,12 +65,36 @@ def build_gateway(model, processor, engine, args: argparse.Namespace) -> Gateway
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def problem(args: argparse.Namespace) -> str | None:
+    """What makes `args` unservable, checked before the model loads (None: nothing)."""
+    from paravt.rollout.factory import check_engine_name
+
     for flag, path in (("--model", args.model), ("--media-root", args.media_root)):
         if not Path(path).is_dir():
-            print(f"{PROG}: {flag} {path} is not a directory", file=sys.stderr)
-            return 2
+            return f"{flag} {path} is not a directory"
+    try:
+        check_engine_name(args.engine)
+    except ValueError as err:
+        return f"--engine {args.engine}: {err}"
+    bounds = [
+        ("--port", args.port, 1 <= args.port <= 65535, "in 1..65535"),
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+        ("--max-batch", args.max_batch, args.max_batch >= 1, ">= 1"),
+        ("--max-body-mb", args.max_body_mb, 0 < args.max_body_mb < math.inf, "finite and > 0"),
+        ("--episode-idle-s", args.episode_idle_s, args.episode_idle_s >= 0, ">= 0 (0: never)"),
+    ]
+    for flag, value, ok, rule in bounds:
+        if not ok:  # NaN fails too
+            return f"{flag} must be {rule} (got {value})"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    found = problem(args)
+    if found:
+        print(f"{PROG}: {found}", file=sys.stderr)
+        return 2
     import uvicorn
     from transformers import AutoModelForImageTextToText, AutoProcessor
 

@@ -311,6 +311,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--engine", "foo"], "--engine foo: rollout.engine.name 'foo' is unknown"),
+        (["--port", "-1"], "--port must be in 1..65535 (got -1)"),
+        (["--max-batch", "0"], "--max-batch must be >= 1 (got 0)"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1 (got 0)"),
+        (["--episode-idle-s", "nan"], "--episode-idle-s must be >= 0 (0: never) (got nan)"),
+        (["--max-body-mb", "inf"], "--max-body-mb must be finite and > 0 (got inf)"),
+    ],
+)
+def test_serve_gateway_refuses_unservable_flags_before_loading(tiny_qwen3_dir, extra, said, capsys):
+    """Before: Python tracebacks after the model loaded (a port, an engine name), or a server
+    that answered every request with nothing (--max-new-tokens 0)."""
+    from paravt.gateway.serve import main
+
+    argv = ["--model", str(tiny_qwen3_dir), "--media-root", str(tiny_qwen3_dir), *extra]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().startswith(f"paravt serve-gateway: {said}")
+
+
 @pytest.mark.slow
 def test_serve_gateway_cli_serves_the_tiny_model(tiny_qwen3_dir, needle_dir, needle_samples):
     port = free_port()
