@@ -424,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     args = vars(p.parse_args(argv))
     out = args.pop("out")
-    path = build_tiny_model(out, TinyModelConfig(**args))
+    try:
+        cfg = TinyModelConfig(**args)
+    except ValueError as err:  # sizes no model is built from, named
+        p.error(str(err).replace("model.tiny.", "--").replace("_", "-"))
+    path = build_tiny_model(out, cfg)
     print(f"wrote tiny {args['arch']} checkpoint to {path}")
     return 0

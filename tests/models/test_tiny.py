@@ -164,6 +164,36 @@ def test_tiny_sizes_with_an_unknown_key_are_refused_with_the_valid_keys(tmp_path
         ensure_tiny(tmp_path / "tiny", "qwen3_vl", {"hiden_size": 32})
 
 
+@pytest.mark.parametrize(
+    ("sizes", "said"),
+    [
+        ({"hidden_size": 0}, "hidden_size must be an integer >= 1, got 0"),
+        ({"num_heads": 3}, "hidden_size=64 over num_heads=3 must give an even head size >= 8"),
+        ({"hidden_size": 12, "num_heads": 2}, "=12 over num_heads=2 must give an even head size"),
+        ({"num_kv_heads": 2, "num_heads": 4, "hidden_size": 64}, None),  # 16 per head: fine
+        ({"num_heads": 4, "num_kv_heads": 3}, "num_heads=4 must be a multiple of num_kv_heads=3"),
+        ({"vision_depth": True}, "vision_depth must be an integer >= 1, got True"),
+    ],
+)
+def test_sizes_no_model_is_built_from_are_refused_naming_them(tmp_path, sizes, said, capsys):
+    """Before: a ZeroDivisionError (hidden_size=0) or a model whose rotary sections do not add
+    up. The CLI says it in its own flags, exit 2."""
+    if said is None:
+        assert TinyModelConfig(**sizes).num_heads == sizes["num_heads"]
+        return
+    with pytest.raises(ValueError, match=said):
+        TinyModelConfig(**sizes)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in sizes.items() if not isinstance(v, bool)]
+    if flags:
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["make-tiny-model", "--out", str(tmp_path / "m"), *flags])
+        assert (
+            exited.value.code == 2
+            and "paravt make-tiny-model: error: --" in capsys.readouterr().err
+        )
+        assert not (tmp_path / "m").exists()
+
+
 def test_tiny_qwen3_image_and_video_processors_share_the_normalisation(tmp_path):
     from transformers import AutoProcessor
 
