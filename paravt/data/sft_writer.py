@@ -174,6 +174,17 @@ def write_needle_sft_from_config(out: str, model_path: str, generate: Mapping[st
     )
 
 
+def _budgets(text: str) -> list[int]:
+    """ "4,8" -> [4, 8]: frame budgets, each an integer >= 1."""
+    try:
+        budgets = [int(b) for b in text.split(",")]
+    except ValueError:
+        budgets = []
+    if not budgets or min(budgets) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 such as 4,8 (got {text!r})")
+    return budgets
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="paravt make-sft-data",
@@ -184,13 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output .jsonl or .parquet")
     parser.add_argument("--mode", default="frames", choices=("frames", "subagent"))
     parser.add_argument("--strategy", default="search", choices=("search", "oracle"))
-    parser.add_argument("--frame-budgets", default="4,8", help="overview frame budgets, cycled")
+    parser.add_argument(
+        "--frame-budgets", default="4,8", type=_budgets, help="overview frame budgets, cycled"
+    )
     parser.add_argument("--max-rounds", type=int, default=2)
     if any(a.split("=")[0] == "--budgets" for a in (sys.argv[1:] if argv is None else argv)):
         parser.error("--budgets is now --frame-budgets")
     args = parser.parse_args(argv)
+    if not Path(args.needle).is_file():
+        parser.error(f"--needle {args.needle}: no such file")
+    if not Path(args.model).is_dir():
+        parser.error(f"--model {args.model}: no such folder (a saved checkpoint directory)")
+    if args.max_rounds < 0:
+        parser.error(f"--max-rounds must be >= 0 (got {args.max_rounds})")
     agent = AgentConfig(max_rounds=args.max_rounds, mode=args.mode)
-    budgets = [int(b) for b in args.frame_budgets.split(",")]
+    budgets = args.frame_budgets
     path = write_needle_sft(args.needle, args.model, args.out, agent, args.strategy, budgets)
     print(f"wrote {path}")
     return 0
