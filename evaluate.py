@@ -30,7 +30,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paravt.errors import UserError, check_model_path, user_message
+from paravt.errors import UserError, check_model_path, check_number, user_message
 from paravt.eval.adapters.base import AnnotationError, collect_row_errors
 from paravt.eval.judging import check_fallbacks, check_max_share, fallback_warning, judge_line
 from paravt.eval.results import check_run_identity, load_metrics, primary_scoring
@@ -198,6 +198,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, f
     from paravt.video.reader import VideoReader
 
     policy = policy_spec(cfg)  # a wrong model path fails before anything is read or built
+    check_number("limit", cfg.limit, least=0, integer=True, optional=True)
     log.info(use_trained_protocol(cfg, overrides or []))
     protocol = protocol_of(cfg)
     spec = cfg.benchmark

@@ -19,6 +19,7 @@ from typing import Any
 
 from paravt.agent.loop import AgentConfig, AgentLoop
 from paravt.agent.tools import CropConfig
+from paravt.errors import check_number
 
 # The paper's protocol (docs/method.md section 6): 2,048 new tokens per turn, 3 rounds, 5 calls.
 PAPER_AGENT = AgentConfig(max_new_tokens=2048, max_total_tokens=65536)
@@ -36,8 +37,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         for name in ("frame_budget", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
+            check_number(f"protocol.{name}", getattr(self, name), least=1, integer=True)
+        check_number("protocol.seed", self.seed, least=0, integer=True)
 
     def identity(self) -> dict[str, Any]:
         """What decides the predictions (batch size and tool timeout do not)."""

@@ -74,6 +74,8 @@ def test_a_missing_model_path_is_an_error_and_creates_nothing(tmp_path):
         ("device=tpu", "device='tpu': choose auto, cpu, cuda or cuda:N"),
         ("device=cuda:x", "device='cuda:x': choose auto, cpu, cuda or cuda:N"),
         ("rollout.agent.max_rounds=-1", "max_rounds must be >= 0, got -1"),
+        ("limit=abc", "limit must be an integer >= 0 or null, got 'abc'"),  # was a TypeError
+        ("protocol.seed=x", "protocol.seed must be an integer >= 0, got 'x'"),
     ],
 )
 def test_an_unusable_value_is_one_line_and_exit_2(
