@@ -18,6 +18,7 @@ This module deliberately does not load models, parse benchmark schemas or score 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -74,7 +75,13 @@ def make_benchmark(name: str, unparseable: str | None = None, **options: Any) ->
     `unparseable` picks a multiple-choice benchmark's unparseable-answer policy."""
     if name not in EVAL_BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose one of: {', '.join(EVAL_BENCHMARKS)}")
-    benchmark = EVAL_BENCHMARKS[name](**options)
+    make = EVAL_BENCHMARKS[name]
+    try:
+        inspect.signature(make).bind(**options)
+    except TypeError as err:  # a misspelt or foreign option, named with the ones it takes
+        takes = ", ".join(inspect.signature(make).parameters) or "none"
+        raise ValueError(f"benchmark {name!r}: {err} (benchmark.options takes: {takes})") from None
+    benchmark = make(**options)
     if unparseable is not None and unparseable != getattr(benchmark, "unparseable", "wrong"):
         if not hasattr(benchmark, "unparseable"):
             raise ValueError(f"benchmark {name!r} has no unparseable-answer policy to set")

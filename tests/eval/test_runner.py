@@ -258,6 +258,13 @@ def test_make_benchmark_knows_needle_and_the_real_ones():
     assert make_benchmark("videomme").name == "videomme"
     with pytest.raises(ValueError, match="choose one of"):
         make_benchmark("videome")
+    # An option the adapter does not take was a TypeError traceback from deep in evaluate.py.
+    with pytest.raises(ValueError, match=r"'mmvu': .*'discipline' \(benchmark\.options takes: "):
+        make_benchmark("mmvu", discipline={"Art": "Humanities"})
+    with pytest.raises(ValueError, match=r"takes: none"):
+        make_benchmark("needle", foo=1)
+    with pytest.raises(ValueError, match=r"disciplines must map subject folders.*got 3"):
+        make_benchmark("mmvu", disciplines=3)  # was an AttributeError on .items()
 
 
 def test_format_metrics_shows_fractions_as_percent_and_counts_as_counts():

@@ -117,6 +117,13 @@ def disciplines_of(mapping: Mapping[str, str] | None) -> dict[str, str]:
     """A user's subject -> discipline mapping with its subjects normalised (None: `DISCIPLINES`)."""
     if mapping is None:
         return dict(DISCIPLINES)
+    if not isinstance(mapping, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+    ):
+        raise ValueError(
+            "benchmark.options.disciplines must map subject folders to disciplines, e.g. "
+            f"{{Mechanics: Science}}, got {mapping!r}"
+        )
     return {normalise_subject(k): v for k, v in mapping.items()}
 
 
