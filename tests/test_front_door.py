@@ -141,12 +141,16 @@ def test_bugs_are_not_dressed_up_as_user_errors():
 )
 def test_check_number_refuses_what_no_run_can_use(value, kw, ok):
     from paravt.errors import check_number
-    from paravt.run.prior import PriorConfig
 
     if ok:
         check_number("x.y", value, **kw)
     else:
         with pytest.raises(ValueError, match=r"^x\.y must be "):
             check_number("x.y", value, **kw)
+
+
+def test_the_prior_stage_checks_its_numbers():
+    from paravt.run.prior import PriorConfig
+
     with pytest.raises(ValueError, match=r"prior\.batch_size must be an integer >= 1"):
         PriorConfig(batch_size=0)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from paravt.data.schemas import LAYOUTS, DataRowError, row_to_sample
+from paravt.data.schemas import DataRowError, check_layout, row_to_sample
 from paravt.errors import UserError
 from paravt.types import Sample
 
@@ -154,8 +154,7 @@ def load_samples(
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     if video_check not in VIDEO_CHECKS:
         raise UserError(f"video_check must be one of {VIDEO_CHECKS}, got {video_check!r}")
-    if layout not in LAYOUTS:  # else every row would be skipped for it, one by one
-        raise UserError(f"data.layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
+    check_layout(layout)
     check = video_check if check_videos else "none"
     rows = load_rows(path)
     base_dir = Path(path).parent

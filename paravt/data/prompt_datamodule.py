@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from paravt.data.datasets import LoadReport, epoch_order, load_samples
-from paravt.data.schemas import LAYOUTS
+from paravt.data.schemas import check_layout
 from paravt.errors import UserError, check_data_path, generation_dir, may_generate_data
 from paravt.parallel.collectives import on_rank0
 from paravt.parallel.distributed import shard_bounds, shard_prompts
@@ -97,8 +97,7 @@ class PromptDataModule(pl.LightningDataModule):
         fail_fast: bool = False,
     ):
         super().__init__()
-        if layout not in LAYOUTS:
-            raise UserError(f"data.layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
+        check_layout(layout)  # before the model and the data are built
         self.train_path, self.eval_path = train_path, eval_path
         self.batch_size, self.max_steps = batch_size, max_steps
         self.seed, self.shuffle, self.layout = seed, shuffle, layout

@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from paravt.errors import UserError
 from paravt.types import QUESTION_TYPES, Sample
 
 VIDEO_MARKER = "<video>"
@@ -170,6 +171,12 @@ _LAYOUTS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], str, str], t
     "verl": _verl_targets,
 }
 LAYOUTS = ("auto", *_LAYOUTS)  # what `layout` (config `data.layout`) may name
+
+
+def check_layout(layout: str) -> None:
+    """Refuse a layout no row can be read in, once, rather than every row for it."""
+    if layout not in LAYOUTS:
+        raise UserError(f"data.layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
 
 
 def infer_question_type(answer: str, question: str) -> str:

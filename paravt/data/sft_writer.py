@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_rounds < 0:
         parser.error(f"--max-rounds must be >= 0 (got {args.max_rounds})")
     agent = AgentConfig(max_rounds=args.max_rounds, mode=args.mode)
-    budgets = args.frame_budgets
-    path = write_needle_sft(args.needle, args.model, args.out, agent, args.strategy, budgets)
+    path = write_needle_sft(
+        args.needle, args.model, args.out, agent, args.strategy, args.frame_budgets
+    )
     print(f"wrote {path}")
     return 0

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from paravt.errors import check_number
 from paravt.gateway.batcher import Batcher
 from paravt.gateway.episode import Episode, EpisodeRenderer, trajectories
 from paravt.gateway.media import RequestError
@@ -184,24 +185,20 @@ class Gateway:
         if temperature is None:
             temperature = 1.0
         seed = body.get("seed")
-        if not _is_int(cap) or cap < 1:
-            raise HTTPError(400, f"max_tokens must be an integer >= 1, got {json.dumps(cap)}")
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise HTTPError(400, f"temperature must be a number, got {json.dumps(temperature)}")
-        if not 0 <= temperature < float("inf"):  # NaN fails too
-            raise HTTPError(400, f"temperature must be finite and >= 0, got {temperature}")
-        if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
-            raise HTTPError(400, f"seed must be an integer in [0, 2**63), got {json.dumps(seed)}")
+        try:
+            check_number("max_tokens", cap, least=1, integer=True)
+            check_number("temperature", temperature, least=0)
+            check_number("seed", seed, least=0, integer=True, optional=True)
+        except ValueError as err:
+            raise HTTPError(400, str(err)) from err
+        if seed is not None and seed >= 2**63:
+            raise HTTPError(400, f"seed must be below 2**63, got {seed}")
         return SamplingParams(
             max_new_tokens=min(cap, self.max_new_tokens),
             temperature=float(temperature) if temperature else 1.0,
             greedy=not temperature,
             seed=seed,
         )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_app(gateway: Gateway) -> FastAPI:

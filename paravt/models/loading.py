@@ -21,6 +21,10 @@ from paravt.models.tiny import ARCHS, TinyModelConfig, build_tiny_model, tiny_co
 log = logging.getLogger(__name__)
 
 
+# The torch dtypes a checkpoint loads in (`model.dtype`) and FSDP2 computes in.
+LOAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     """Where the policy comes from and how to load it."""
@@ -42,16 +46,14 @@ class PolicySpec:
         not when the model is built."""
         from paravt.models.lora import lora_spec
 
-        for key, name in (("dtype", self.dtype), ("compute_dtype", self.compute_dtype)):
-            if name not in LOAD_DTYPES and not (key == "compute_dtype" and name is None):
-                raise ValueError(f"model.{key}={name!r}: choose one of {', '.join(LOAD_DTYPES)}")
+        choices = ", ".join(LOAD_DTYPES)
+        if self.dtype not in LOAD_DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r}: choose one of {choices}")
+        if self.compute_dtype not in (None, *LOAD_DTYPES):
+            raise ValueError(f"model.compute_dtype={self.compute_dtype!r}: choose one of {choices}")
         if self.build_tiny is not None:
             tiny_config(self.build_tiny, self.tiny)
         lora_spec(self.lora)
-
-
-# The torch dtypes a checkpoint loads in (`model.dtype`) and FSDP2 computes in.
-LOAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def tiny_config(arch: str, sizes: Mapping[str, Any] | None) -> TinyModelConfig:

@@ -14,6 +14,7 @@ memory).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from paravt.run.recipe_memory import memory_report, server_report
@@ -111,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def refuse_overrides(error: Exception, overrides: list[str]) -> int:
     """Hydra's own message in one line and train.py's "did you mean" hints; exit code 2."""
-    import sys
-
     from paravt.config_hints import typo_hints
 
     lines = [line.strip() for line in str(error).splitlines() if line.strip()][:2]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from paravt.eval.results import METRICS, PREDICTIONS, RUN_CONFIG, check_run_identity
@@ -100,6 +101,28 @@ def test_an_unusable_value_is_one_line_and_exit_2(
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("evaluate.py: error: ") and named in last
     assert "Traceback" not in run.stderr and "train.py" not in last
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line(tiny_qwen3_dir, needle_dir, tmp_path):
+    """`pick_device`'s CPU side of its CUDA check: device=cuda where none is visible."""
+    run = forkserver.run(
+        [
+            str(ROOT / "evaluate.py"),
+            f"model.path={tiny_qwen3_dir}",
+            "model.build_tiny=null",
+            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
+            f"out_dir={tmp_path / 'o'}",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+            "device=cuda",
+        ],
+        tmp_path / "logs",
+        ROOT,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "evaluate.py: error: device=cuda but no CUDA GPU is visible: use device=auto or cpu"
+    )
 
 
 def test_mode_presets_compose_one_call_cap_and_no_tool_prompt():
