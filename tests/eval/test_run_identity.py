@@ -69,6 +69,14 @@ def test_a_missing_model_path_is_an_error_and_creates_nothing(tmp_path):
     assert not target.exists() and not (tmp_path / "o").exists()
 
 
+def _evaluate_on_the_needle_split(override, model, needle_dir, tmp_path):
+    """`python evaluate.py` on the tiny model and the needle split, with `override`."""
+    argv = [str(ROOT / "evaluate.py"), f"model.path={model}", "model.build_tiny=null"]
+    argv += [f"benchmark.annotations={needle_dir / 'eval.jsonl'}", f"out_dir={tmp_path / 'o'}"]
+    argv += [f"hydra.run.dir={tmp_path / 'hydra'}", override]
+    return forkserver.run(argv, tmp_path / "logs", ROOT)
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [
@@ -84,19 +92,7 @@ def test_an_unusable_value_is_one_line_and_exit_2(
 ):
     """Before, a bad device was torch's RuntimeError and a bad value under a `_target_` Hydra's
     traceback; now one line naming it (`python evaluate.py --cfg job` in the hint)."""
-    run = forkserver.run(
-        [
-            str(ROOT / "evaluate.py"),
-            f"model.path={tiny_qwen3_dir}",
-            "model.build_tiny=null",
-            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
-            f"out_dir={tmp_path / 'o'}",
-            f"hydra.run.dir={tmp_path / 'hydra'}",
-            override,
-        ],
-        tmp_path / "logs",
-        ROOT,
-    )
+    run = _evaluate_on_the_needle_split(override, tiny_qwen3_dir, needle_dir, tmp_path)
     assert run.returncode == 2, run.stderr[-2000:]
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("evaluate.py: error: ") and named in last
@@ -106,19 +102,7 @@ def test_an_unusable_value_is_one_line_and_exit_2(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
 def test_device_cuda_without_a_gpu_is_one_line(tiny_qwen3_dir, needle_dir, tmp_path):
     """`pick_device`'s CPU side of its CUDA check: device=cuda where none is visible."""
-    run = forkserver.run(
-        [
-            str(ROOT / "evaluate.py"),
-            f"model.path={tiny_qwen3_dir}",
-            "model.build_tiny=null",
-            f"benchmark.annotations={needle_dir / 'eval.jsonl'}",
-            f"out_dir={tmp_path / 'o'}",
-            f"hydra.run.dir={tmp_path / 'hydra'}",
-            "device=cuda",
-        ],
-        tmp_path / "logs",
-        ROOT,
-    )
+    run = _evaluate_on_the_needle_split("device=cuda", tiny_qwen3_dir, needle_dir, tmp_path)
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1] == (
         "evaluate.py: error: device=cuda but no CUDA GPU is visible: use device=auto or cpu"
